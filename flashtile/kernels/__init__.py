@@ -1,0 +1,58 @@
+"""Kernel registry: what the TileLang kernels cover, and the CUDA entry points.
+
+``forward``/``backward`` are called by ``flashtile.ops`` for CUDA tensors.  A case no kernel
+covers raises ``NotImplementedError`` naming it; there is no silent fallback to a slow path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import configs
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why no kernel runs this call, or None when one does."""
+    if q.dtype not in configs.DTYPES:
+        return f"dtype {q.dtype} on CUDA (kernels take float16 and bfloat16; cast, or use CPU tensors)"
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major != 9:
+        return f"GPU {torch.cuda.get_device_name(q.device)} (sm_{major}{minor}); kernels are built for Hopper (sm_90)"
+    for name, dim in (("headdim", q.shape[-1]), ("headdim_v", v.shape[-1])):
+        if not configs.headdim_supported(dim):
+            return f"{name}={dim} (kernels take multiples of {configs.HEADDIM_STEP} up to {configs.MAX_HEADDIM})"
+    return None
+
+
+def _prepare(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Contiguous, 16-byte aligned copies where needed (TMA descriptors require both)."""
+    out = []
+    for x in tensors:
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous() if not x.is_contiguous() else x.clone()
+        out.append(x)
+    return out
+
+
+def _require(q, k, v) -> None:
+    reason = unsupported_reason(q, k, v)
+    if reason is not None:
+        raise NotImplementedError(f"flashtile: no CUDA kernel for {reason}")
+
+
+def forward(q, k, v, sinks, softmax_scale, window, softcap):
+    """(out, lse) on CUDA; see ``fwd.launch_forward``."""
+    from .fwd import launch_forward
+
+    _require(q, k, v)
+    q, k, v = _prepare(q, k, v)
+    return launch_forward(q, k, v, sinks, softmax_scale, window, softcap)
+
+
+def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
+    """(dq, dk, dv, dsinks or None) on CUDA; see ``bwd.launch_backward``."""
+    from .bwd import launch_backward
+
+    _require(q, k, v)
+    dout, q, k, v, out = _prepare(dout, q, k, v, out)
+    return launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic)

@@ -1,0 +1,81 @@
+"""Tile configurations: the one table that says which tiles each kernel runs with.
+
+Keyed by (pass, arch, head dim bucket, dtype, mask kind).  Everything about tile choice lives
+here; the builders take the numbers as arguments and the launchers ask ``fwd_config`` /
+``bwd_config``.  Numbers come from measurements on the device (``benchmarks/NOTES.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+ARCH = "sm_90a"
+# Head dims the kernels take: the QK^T GEMM's K and the PV GEMM's N must be multiples of 16
+# for WGMMA; larger than 256 does not fit the register file.
+HEADDIM_STEP = 16
+MAX_HEADDIM = 256
+DTYPES = (torch.float16, torch.bfloat16)
+MASK_KINDS = ("full", "local")  # local = causal and/or sliding window
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int  # query rows per CTA (64 per consumer warpgroup)
+    block_n: int  # keys per main-loop step
+    num_stages: int  # K/V shared-memory pipeline depth
+    threads: int  # consumer threads (auto warp specialisation adds a producer warpgroup)
+
+    def as_kwargs(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    block_n: int  # keys per CTA (dK/dV rows kept in registers)
+    block_m: int  # query rows per main-loop step
+    num_stages: int
+    threads: int
+
+    def as_kwargs(self) -> dict:
+        return asdict(self)
+
+
+def headdim_supported(dim: int) -> bool:
+    return 0 < dim <= MAX_HEADDIM and dim % HEADDIM_STEP == 0
+
+
+def mask_kind(window: tuple[int, int]) -> str:
+    return "full" if window == (-1, -1) else "local"
+
+
+def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig:
+    """Forward tiles.  128 query rows = two consumer warpgroups of 64 rows each; the key
+    block shrinks with the head dim so K/V stages plus the output tile fit in 228 KB of
+    shared memory and S/P plus O fit in the register file."""
+    widest = max(dim, dim_v)
+    if widest <= 128:
+        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256)
+    if widest <= 192:
+        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256)
+    return FwdConfig(block_m=128, block_n=64, num_stages=1, threads=256)
+
+
+def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> BwdConfig:
+    """Backward tiles.  dK and dV accumulators (2 x block_n x dim fp32) live in registers, so
+    the key block shrinks as the head dim grows."""
+    widest = max(dim, dim_v)
+    if widest <= 128:
+        return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256)
+    return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=128)
+
+
+def all_structures():
+    """Every (dim, dim_v, dtype, kind) the test suite builds on CPU: one per table row, per
+    dtype and mask kind, plus the d != d_v case."""
+    dims = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
+    for dim, dim_v in dims:
+        for dtype in DTYPES:
+            for kind in MASK_KINDS:
+                yield dim, dim_v, dtype, kind

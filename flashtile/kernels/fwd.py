@@ -1,0 +1,184 @@
+"""TileLang forward kernel (Hopper): one CTA per (query block, head, batch).
+
+Static structure (one compile each): dtype, head dims, sinks on/off, softcap on/off, tiles.
+Batch, sequence lengths, head counts, the GQA ratio, softmax scale, softcap value and the
+window bounds are runtime values, so variable-length training never recompiles.
+
+Per CTA: Q tile -> shared; loop over the key blocks that the window can reach (fully masked
+blocks are never visited); S = Q K^T by WGMMA; mask only boundary blocks; online softmax in
+base 2 with log2(e) folded into the scale; O += P V.  The epilogue folds in the sink, writes O
+through shared memory (TMA store) and the log-sum-exp in natural log.
+"""
+
+from __future__ import annotations
+
+import tilelang
+import tilelang.language as T
+
+from .configs import ARCH
+from .masks import key_block_range, visible
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+TARGET = {"kind": "cuda", "arch": ARCH}
+
+
+@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def attention_fwd_kernel(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_sinks: bool,
+    has_softcap: bool,
+    block_m: int = 128,
+    block_n: int = 128,
+    num_stages: int = 2,
+    threads: int = 256,
+):
+    """Build the forward PrimFunc.
+
+    Kernel arguments: Q (B, Sq, H, dim), K (B, Sk, Hkv, dim), V (B, Sk, Hkv, dim_v),
+    O (B, Sq, H, dim_v) out, LSE (B, H, Sq) fp32 out, Sinks (H,) fp32 (read only with sinks),
+    then scalars: ``score_scale`` (softmax_scale * log2 e, or softcap * log2 e with softcap),
+    ``cap_in`` (softmax_scale / softcap, unused without softcap), ``left``/``right`` window
+    bounds (huge when unbounded).
+    """
+    B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
+    acc = T.float32
+    neg_inf = -T.infinity(acc)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        O: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE: T.Tensor([B, H, Sq], acc),
+        Sinks: T.Tensor([H], acc),
+        score_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=threads) as (bx, h, b):
+            q_s = T.alloc_shared([block_m, dim], dtype)
+            k_s = T.alloc_shared([block_n, dim], dtype)
+            v_s = T.alloc_shared([block_n, dim_v], dtype)
+            o_s = T.alloc_shared([block_m, dim_v], dtype)
+            s = T.alloc_fragment([block_m, block_n], acc)
+            p = T.alloc_fragment([block_m, block_n], dtype)
+            o = T.alloc_fragment([block_m, dim_v], acc)
+            m = T.alloc_fragment([block_m], acc)
+            m_prev = T.alloc_fragment([block_m], acc)
+            m_safe = T.alloc_fragment([block_m], acc)
+            alpha = T.alloc_fragment([block_m], acc)
+            row_sum = T.alloc_fragment([block_m], acc)
+            l = T.alloc_fragment([block_m], acc)
+            lse = T.alloc_fragment([block_m], acc)
+
+            # The longest causal rows (last query blocks) start first: better tail balance.
+            mb = T.ceildiv(Sq, block_m) - 1 - bx
+            m0 = mb * block_m
+            hk = h // (H // Hkv)
+            off = Sk - Sq
+            kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, Sq, Sk, left, right)
+
+            T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
+            T.clear(o)
+            T.clear(l)
+            T.fill(m, neg_inf)
+
+            for t in T.Pipelined(n_blocks, num_stages=num_stages):
+                kb = kb_lo + t
+                n0 = kb * block_n
+                T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
+                T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if has_softcap:
+                    for i, j in T.Parallel(block_m, block_n):
+                        s[i, j] = T.tanh(s[i, j] * cap_in)
+                # Interior blocks are fully visible; only boundary blocks pay for the mask.
+                interior = (n0 + block_n <= Sk) and (n0 + block_n - 1 <= m0 + off + right) and (n0 >= last_row + off - left)
+                if not interior:
+                    for i, j in T.Parallel(block_m, block_n):
+                        s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], neg_inf)
+                T.copy(m, m_prev)
+                T.reduce_max(s, m, dim=1, clear=False)
+                for i in T.Parallel(block_m):
+                    # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
+                    m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
+                    alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
+                for i, j in T.Parallel(block_m, block_n):
+                    s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
+                T.reduce_sum(s, row_sum, dim=1)
+                for i in T.Parallel(block_m):
+                    l[i] = l[i] * alpha[i] + row_sum[i]
+                T.copy(s, p)
+                for i, j in T.Parallel(block_m, dim_v):
+                    o[i, j] *= alpha[i]
+                T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
+                T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
+
+            # Epilogue: alpha becomes the output scale, lse the base-2 log-sum-exp.
+            for i in T.Parallel(block_m):
+                m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
+                if has_sinks:
+                    sink = Sinks[h] * LOG2E
+                    top = T.max(m_safe[i], sink)
+                    row_sum[i] = T.exp2(m_safe[i] - top)
+                    l[i] = l[i] * row_sum[i] + T.exp2(sink - top)
+                    alpha[i] = row_sum[i] / l[i]
+                    lse[i] = (T.log2(l[i]) + top) * LN2
+                else:
+                    alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
+                    lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m_safe[i]) * LN2, neg_inf)
+            for i, j in T.Parallel(block_m, dim_v):
+                o[i, j] *= alpha[i]
+            T.copy(o, o_s)
+            T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
+            T.copy(lse, LSE[b, h, m0 : m0 + block_m])
+
+    return main
+
+
+def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float):
+    """Host side of the forward: allocate outputs, pick the config, launch.
+
+    q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) contiguous CUDA tensors of one
+    half-precision dtype (``flashtile.kernels.prepare`` guarantees it).  Returns
+    out (B, Sq, H, Dv) and lse (B, H, Sq) float32, natural log.
+    """
+    import torch
+
+    from . import cache, configs, debug
+    from .masks import host_window
+
+    b, sq, h, d = q.shape
+    sk, dv = k.shape[1], v.shape[-1]
+    out = debug.new_output((b, sq, h, dv), q.dtype, q.device)
+    lse = debug.new_output((b, h, sq), torch.float32, q.device)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    if sk == 0:  # nothing to attend to: zeros, and lse = sink (or -inf)
+        out.zero_()
+        lse.copy_(sinks.float()[None, :, None].expand(b, h, sq) if sinks is not None else torch.full_like(lse, float("-inf")))
+        return out, lse
+    cfg = configs.fwd_config(d, dv, q.dtype, configs.mask_kind(window))
+    kernel = cache.get(
+        attention_fwd_kernel,
+        dim=d,
+        dim_v=dv,
+        dtype=str(q.dtype).removeprefix("torch."),
+        has_sinks=sinks is not None,
+        has_softcap=softcap > 0,
+        **cfg.as_kwargs(),
+    )
+    sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, q.device)
+    if softcap > 0:
+        score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap
+    else:
+        score_scale, cap_in = softmax_scale * LOG2E, 0.0
+    left, right = host_window(window)
+    kernel(q, k, v, out, lse, sinks32, score_scale, cap_in, left, right)
+    return out, lse

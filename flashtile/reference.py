@@ -1,0 +1,179 @@
+"""Exact attention in plain PyTorch: the CPU path and the oracle for every kernel test.
+
+Both passes walk over query chunks, so memory holds one ``(batch, nheads, chunk, seqlen_k)``
+score block at a time instead of the whole ``seqlen_q x seqlen_k`` matrix.  Arithmetic runs in
+float32 for half-precision and float32 inputs and in float64 for float64 inputs.
+
+The backward pass is written out by hand (not recorded by autograd) for the same reason: it
+recomputes each chunk's probabilities from the saved log-sum-exp, exactly like the kernels do,
+so a CPU user can train at seqlen 16k.  ``tests/test_reference.py`` checks both passes against
+an independent full-matrix float64 computation and ``torch.autograd.gradcheck``.
+
+Semantics (``design.md``), with query row ``i``, key column ``j`` and ``off = seqlen_k - seqlen_q``:
+key ``j`` is visible to row ``i`` when ``j <= i + off + right`` (right >= 0) and
+``j >= i + off - left`` (left >= 0); ``-1`` leaves that side unbounded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Rows of queries per chunk; chosen so that a (1, 32, CHUNK, 16384) fp32 score block is 256 MiB.
+DEFAULT_CHUNK = 128
+
+
+def accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else accumulates in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def visible_mask(rows: torch.Tensor, seqlen_k: int, seqlen_q: int, window: tuple[int, int]) -> torch.Tensor | None:
+    """Boolean ``(len(rows), seqlen_k)`` mask of visible keys, or None when every key is visible.
+
+    ``rows`` are absolute query indices.  Causal is expressed as ``window = (left, 0)``.
+    """
+    left, right = window
+    if left < 0 and right < 0:
+        return None
+    off = seqlen_k - seqlen_q
+    cols = torch.arange(seqlen_k, device=rows.device)
+    diag = (rows + off)[:, None]
+    vis = torch.ones(rows.numel(), seqlen_k, dtype=torch.bool, device=rows.device)
+    if right >= 0:
+        vis &= cols[None, :] <= diag + right
+    if left >= 0:
+        vis &= cols[None, :] >= diag - left
+    return vis
+
+
+def _group(q: torch.Tensor, nheads_kv: int) -> torch.Tensor:
+    """(b, s, h, d) -> (b, s, h_kv, g, d): query heads of one KV head side by side (no copy)."""
+    b, s, h, d = q.shape
+    return q.reshape(b, s, nheads_kv, h // nheads_kv, d)
+
+
+def _chunk_scores(qc, k, scale, softcap, rows, seqlen_q, window):
+    """Scores of one query chunk, shape (b, h_kv, g, cq, sk), masked entries -inf.
+
+    Returns ``(scores, capped_tanh)`` where ``capped_tanh`` is tanh(raw / softcap) (needed for
+    softcap's derivative) or None.
+    """
+    s = torch.einsum("bqhgd,bkhd->bhgqk", qc, k) * scale
+    t = None
+    if softcap > 0:
+        t = torch.tanh(s / softcap)
+        s = softcap * t
+    vis = visible_mask(rows, k.shape[1], seqlen_q, window)
+    if vis is not None:
+        s = s.masked_fill(~vis, float("-inf"))
+    return s, t
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference forward.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_kv, headdim);
+        v: (batch, seqlen_k, nheads_kv, headdim_v); sinks: (nheads,) logits or None.
+        window: (left, right) after causal has been folded in (causal == right 0).
+    Returns:
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype and
+        lse (batch, nheads, seqlen_q) float32 (float64 for float64 input), natural log.
+    """
+    acc = accum_dtype(q.dtype)
+    b, sq, h, _ = q.shape
+    hkv = k.shape[2]
+    kf, vf = k.to(acc), v.to(acc)
+    sink = None if sinks is None else sinks.to(acc).reshape(1, hkv, h // hkv, 1)
+    outs, lses = [], []
+    for start in range(0, sq, chunk):
+        rows = torch.arange(start, min(start + chunk, sq), device=q.device)
+        qc = _group(q[:, start : start + chunk].to(acc), hkv)
+        s, _ = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window)
+        m = s.amax(dim=-1)
+        if sink is not None:
+            m = torch.maximum(m, sink)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # fully masked rows: avoid inf - inf
+        e = torch.exp(s - m[..., None])
+        l = e.sum(dim=-1)
+        if sink is not None:
+            l = l + torch.exp(sink - m)
+        lse = torch.log(l) + m  # l == 0 gives -inf, as the contract asks
+        p = e / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+        o = torch.einsum("bhgqk,bkhd->bqhgd", p, vf)
+        outs.append(o.reshape(b, rows.numel(), h, -1))
+        lses.append(lse.reshape(b, h, rows.numel()))
+    out = torch.cat(outs, dim=1).to(q.dtype) if outs else q.new_zeros(b, 0, h, v.shape[-1])
+    lse = torch.cat(lses, dim=2) if lses else q.new_zeros(b, h, 0, dtype=acc)
+    return out, lse
+
+
+def attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    dlse: torch.Tensor | None = None,
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Reference backward from the saved ``out`` and ``lse``.
+
+    ``dlse`` (batch, nheads, seqlen_q) is the incoming gradient of lse when the caller used it;
+    since d lse_i / d s_ij = P_ij it enters as ``Delta_i - dlse_i``.
+    Returns dq, dk, dv in the inputs' dtypes and dsinks (nheads,) in sinks' dtype (or None).
+    """
+    acc = accum_dtype(q.dtype)
+    b, sq, h, d = q.shape
+    hkv = k.shape[2]
+    kf, vf = k.to(acc), v.to(acc)
+    delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # (b, h, sq)
+    if dlse is not None:
+        delta = delta - dlse.to(acc)
+    dq = torch.zeros(b, sq, h, d, dtype=acc, device=q.device)
+    dk = torch.zeros_like(kf)
+    dv = torch.zeros_like(vf)
+    lse = lse.to(acc)
+    for start in range(0, sq, chunk):
+        stop = min(start + chunk, sq)
+        rows = torch.arange(start, stop, device=q.device)
+        qc = _group(q[:, start:stop].to(acc), hkv)
+        doc = _group(dout[:, start:stop].to(acc), hkv)
+        s, t = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window)
+        lse_c = lse[:, :, start:stop].reshape(b, hkv, h // hkv, -1)[..., None]
+        finite = torch.isfinite(lse_c)
+        p = torch.where(finite, torch.exp(s - torch.where(finite, lse_c, torch.zeros_like(lse_c))), torch.zeros_like(s))
+        dv += torch.einsum("bhgqk,bqhgd->bkhd", p, doc)
+        dp = torch.einsum("bqhgd,bkhd->bhgqk", doc, vf)
+        delta_c = delta[:, :, start:stop].reshape(b, hkv, h // hkv, -1)[..., None]
+        ds = p * (dp - delta_c)
+        if t is not None:
+            ds = ds * (1 - t * t)
+        ds = ds * softmax_scale
+        dq[:, start:stop] = torch.einsum("bhgqk,bkhd->bqhgd", ds, kf).reshape(b, stop - start, h, d)
+        dk += torch.einsum("bhgqk,bqhgd->bkhd", ds, qc)
+    dsinks = None
+    if sinks is not None:
+        sink = sinks.to(acc)[None, :, None]
+        dsinks = (-(torch.exp(sink - lse) * delta)).sum(dim=(0, 2)).to(sinks.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+
+
+def default_scale(headdim: int) -> float:
+    return 1.0 / math.sqrt(headdim)
