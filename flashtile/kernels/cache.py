@@ -19,7 +19,8 @@ builds: Counter = Counter()
 
 def get(builder: Callable, **static) -> Any:
     """The compiled kernel for ``builder(**static)``; builds it on first use."""
-    key = (builder.__name__, tuple(sorted(static.items())))
+    name = getattr(builder, "__name__", None) or getattr(getattr(builder, "func", None), "__name__", repr(builder))
+    key = (name, tuple(sorted(static.items())))
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:

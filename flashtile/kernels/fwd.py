@@ -10,7 +10,6 @@ base 2 with log2(e) folded into the scale; O += P V.  The epilogue folds in the 
 through shared memory (TMA store) and the log-sum-exp in natural log.
 """
 
-from __future__ import annotations
 
 import tilelang
 import tilelang.language as T
@@ -142,6 +141,16 @@ def attention_fwd_kernel(
     return main
 
 
+def get_forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool, window=(-1, -1)):
+    """The compiled forward for one static structure (tiles from ``configs.fwd_config``)."""
+    from . import cache, configs
+
+    cfg = configs.fwd_config(dim, dim_v, dtype, configs.mask_kind(window))
+    return cache.get(
+        attention_fwd_kernel, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, **cfg.as_kwargs()
+    )
+
+
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float):
     """Host side of the forward: allocate outputs, pick the config, launch.
 
@@ -151,7 +160,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
     """
     import torch
 
-    from . import cache, configs, debug
+    from . import debug
     from .masks import host_window
 
     b, sq, h, d = q.shape
@@ -164,16 +173,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         out.zero_()
         lse.copy_(sinks.float()[None, :, None].expand(b, h, sq) if sinks is not None else torch.full_like(lse, float("-inf")))
         return out, lse
-    cfg = configs.fwd_config(d, dv, q.dtype, configs.mask_kind(window))
-    kernel = cache.get(
-        attention_fwd_kernel,
-        dim=d,
-        dim_v=dv,
-        dtype=str(q.dtype).removeprefix("torch."),
-        has_sinks=sinks is not None,
-        has_softcap=softcap > 0,
-        **cfg.as_kwargs(),
-    )
+    kernel = get_forward_kernel(d, dv, str(q.dtype).removeprefix("torch."), sinks is not None, softcap > 0, window)
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, q.device)
     if softcap > 0:
         score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap

@@ -1,0 +1,82 @@
+"""Time candidate tile configs against cuDNN in one process (developer tool, run on the device).
+
+    python3 benchmarks/tune.py fwd --headdim 128 --seqlen 4096 8192
+    python3 benchmarks/tune.py bwd --headdim 128
+
+Each line: pass, config, d, seqlen, causal, ms, ratio to cuDNN SDPA.  Failures (compile or
+launch) print one line and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashtile
+from flashtile.kernels import configs
+
+FWD = {
+    64: [(128, 128, 2, 256), (128, 64, 2, 256), (192, 128, 2, 384), (128, 176, 2, 256)],
+    128: [(128, 128, 2, 256), (128, 64, 3, 256), (128, 176, 2, 256), (192, 128, 1, 384), (128, 128, 1, 256)],
+    256: [(128, 64, 1, 256), (128, 64, 2, 256), (64, 64, 2, 128), (128, 32, 2, 256)],
+}
+BWD = {
+    64: [(128, 64, 2, 256), (128, 128, 2, 256), (64, 64, 2, 128)],
+    128: [(128, 64, 2, 256), (64, 64, 2, 128), (128, 32, 2, 256), (64, 128, 2, 128)],
+    256: [(64, 64, 1, 128), (64, 64, 2, 128), (128, 64, 1, 256)],
+}
+
+
+def time_case(which, d, s, causal, total=16384, dtype=torch.bfloat16, gqa=1, det=False):
+    b, h = max(1, total // s), 2048 // d
+    q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, s, h // gqa, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+    sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa > 1)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        if which == "fwd":
+            ref = do_bench(sdpa, warmup=30, rep=150, return_mode="median")
+        else:
+            o2 = sdpa()
+            d2 = torch.randn_like(o2)
+            ref = do_bench(lambda: torch.autograd.grad(o2, [qt, kt, vt], d2, retain_graph=True), warmup=30, rep=150, return_mode="median")
+    if which == "fwd":
+        fn = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)
+    else:
+        out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+        dout = torch.randn_like(out)
+        fn = lambda: torch.autograd.grad(out, [q, k, v], dout, retain_graph=True)
+    ms = do_bench(fn, warmup=30, rep=150, return_mode="median")
+    return ms, ref
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("which", choices=["fwd", "bwd"])
+    ap.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
+    ap.add_argument("--seqlen", type=int, nargs="*", default=[4096])
+    ap.add_argument("--gqa", type=int, default=1, help="nheads / nheads_kv")
+    ap.add_argument("--det", action="store_true", help="deterministic backward")
+    ap.add_argument("--only-first", action="store_true", help="first config of each head dim only")
+    args = ap.parse_args()
+    table = FWD if args.which == "fwd" else BWD
+    cls = configs.FwdConfig if args.which == "fwd" else configs.BwdConfig
+    for d in args.headdim:
+        for cfg in table[d][:1] if args.only_first else table[d]:
+            configs.overrides[args.which] = cls(*cfg)
+            for s in args.seqlen:
+                for causal in (False, True):
+                    try:
+                        ms, ref = time_case(args.which, d, s, causal, gqa=args.gqa, det=args.det)
+                        print(f"TUNE {args.which} gqa{args.gqa} det{int(args.det)} {cfg} d{d} s{s} c{int(causal)} {ms:.3f}ms ratio {ref / ms:.3f}", flush=True)
+                    except Exception as e:
+                        print(f"TUNE {args.which} {cfg} d{d} s{s} c{int(causal)} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
+    configs.overrides.clear()
+
+
+if __name__ == "__main__":
+    main()

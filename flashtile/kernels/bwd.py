@@ -1,0 +1,346 @@
+"""TileLang backward kernels (Hopper) and their launcher.
+
+(No `from __future__ import annotations` here: TileLang evaluates the PrimFunc annotations
+and a postponed annotation cannot see a symbol that only the annotations use.)
+
+Three steps, as in FlashAttention-2/3:
+
+1. ``attention_bwd_preprocess``: per query row, ``Delta = rowsum(dO * O) - dlse`` and the
+   base-2 log-sum-exp (fully masked rows get +inf so their P is exactly 0).
+2. ``attention_bwd_dkdv``: one CTA per (key block, kv head, batch).  It keeps dK and dV of its
+   key block in registers and walks over every (query head of its GQA group, query block)
+   pair that can see the block, recomputing P from the saved lse.  GQA therefore sums dK/dV
+   over the group inside the CTA: no atomics and no groups-times-larger buffer.  In the
+   default mode the same CTA also emits dQ = dS K through TMA reduce-add into an fp32 buffer
+   (unordered float atomics, fast, not bitwise reproducible).
+3. dQ: either that fp32 buffer cast to the input dtype, or, with ``deterministic=True``,
+   ``attention_bwd_dq``: one CTA per query block that owns its dQ rows and loops over the key
+   blocks (recomputing S and dP), so every sum happens in a fixed order.
+
+dsinks = -sum_{b,i} exp(sink_h - lse_i) * Delta_i is a tiny reduction done by PyTorch.
+"""
+
+
+import tilelang
+import tilelang.language as T
+
+from .fwd import LOG2E, PASS_CONFIGS, TARGET
+from .masks import key_block_range, query_block_range, visible
+
+
+@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def attention_bwd_preprocess(dim_v: int, dtype: str, has_dlse: bool, block: int = 64, threads: int = 128):
+    """Delta (B, H, Sqp) = rowsum(dO * O) [- dLSE]; LSE2 (B, H, Sqp) = lse * log2(e), -inf -> +inf.
+
+    ``Sqp`` is Sq rounded up to a multiple of 4 so that rows of the fp32 buffers are 16-byte
+    aligned, which the main kernels' TMA loads of lse/Delta tiles require.  Padding rows get
+    Delta = 0, LSE2 = 0: their Q and dO tiles are zero-filled, so they contribute nothing.
+    """
+    B, Sq, Sqp, H = T.dynamic("B, Sq, Sqp, H")
+    acc = T.float32
+    cols = 32 if dim_v % 32 == 0 else 16
+
+    @T.prim_func
+    def main(
+        O: T.Tensor([B, Sq, H, dim_v], dtype),
+        dO: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE: T.Tensor([B, H, Sq], acc),
+        dLSE: T.Tensor([B, H, Sq], acc),
+        Delta: T.Tensor([B, H, Sqp], acc),
+        LSE2: T.Tensor([B, H, Sqp], acc),
+    ):
+        with T.Kernel(T.ceildiv(Sq, block), H, B, threads=threads) as (bx, h, b):
+            o = T.alloc_fragment([block, cols], dtype)
+            do = T.alloc_fragment([block, cols], dtype)
+            prod = T.alloc_fragment([block, cols], acc)
+            delta = T.alloc_fragment([block], acc)
+            lse = T.alloc_fragment([block], acc)
+            m0 = bx * block
+            T.clear(prod)
+            # Column chunks: layout inference finds no thread mapping for e.g. [64, 96] tiles.
+            for c in T.serial(dim_v // cols):
+                T.copy(O[b, m0 : m0 + block, h, c * cols : (c + 1) * cols], o)
+                T.copy(dO[b, m0 : m0 + block, h, c * cols : (c + 1) * cols], do)
+                for i, j in T.Parallel(block, cols):
+                    prod[i, j] += T.cast(o[i, j], acc) * T.cast(do[i, j], acc)
+            T.reduce_sum(prod, delta, dim=1)
+            if has_dlse:
+                for i in T.Parallel(block):
+                    delta[i] -= T.if_then_else(m0 + i < Sq, dLSE[b, h, T.min(m0 + i, Sq - 1)], 0)
+            for i in T.Parallel(block):
+                lse[i] = T.if_then_else(m0 + i < Sq, LSE[b, h, T.min(m0 + i, Sq - 1)], 0)
+                lse[i] = T.if_then_else(lse[i] == -T.infinity(acc), T.infinity(acc), lse[i] * LOG2E)
+            T.copy(delta, Delta[b, h, m0 : m0 + block])
+            T.copy(lse, LSE2[b, h, m0 : m0 + block])
+
+    return main
+
+
+@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def attention_bwd_dkdv(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_softcap: bool,
+    with_dq: bool,
+    block_n: int = 128,
+    block_m: int = 64,
+    num_stages: int = 2,
+    threads: int = 256,
+):
+    """dK, dV (and with ``with_dq`` the fp32 dQ accumulation) for one key block per CTA.
+
+    Arguments: Q, K, V, dO, LSE2, Delta, dQacc (B, Sq, H, dim) fp32 (zeroed by the caller;
+    untouched without ``with_dq``), dK, dV outputs, then scalars ``score_scale`` (log2 units,
+    as in the forward), ``sm_scale``, ``cap_in``, ``left``, ``right``.
+    """
+    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    acc = T.float32
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        dO: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE2: T.Tensor([B, H, Sqp], acc),
+        Delta: T.Tensor([B, H, Sqp], acc),
+        dQacc: T.Tensor([B, Sq, H, dim], acc),
+        dK: T.Tensor([B, Sk, Hkv, dim], dtype),
+        dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        score_scale: T.float32,
+        sm_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(Sk, block_n), Hkv, B, threads=threads) as (bx, hk, b):
+            k_s = T.alloc_shared([block_n, dim], dtype)
+            v_s = T.alloc_shared([block_n, dim_v], dtype)
+            q_s = T.alloc_shared([block_m, dim], dtype)
+            do_s = T.alloc_shared([block_m, dim_v], dtype)
+            lse_s = T.alloc_shared([block_m], acc)
+            delta_s = T.alloc_shared([block_m], acc)
+            ds_s = T.alloc_shared([block_n, block_m], dtype)
+            dk_s = T.alloc_shared([block_n, dim], dtype)
+            dv_s = T.alloc_shared([block_n, dim_v], dtype)
+            sT = T.alloc_fragment([block_n, block_m], acc)
+            dpT = T.alloc_fragment([block_n, block_m], acc)
+            pT = T.alloc_fragment([block_n, block_m], dtype)
+            dsT = T.alloc_fragment([block_n, block_m], dtype)
+            dk = T.alloc_fragment([block_n, dim], acc)
+            dv = T.alloc_fragment([block_n, dim_v], acc)
+            if has_softcap:
+                capT = T.alloc_fragment([block_n, block_m], acc)
+            if with_dq:
+                dq = T.alloc_fragment([block_m, dim], acc)
+                dq_s = T.alloc_shared([block_m, dim], acc)
+
+            n0 = bx * block_n
+            groups = H // Hkv
+            off = Sk - Sq
+            qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, Sq, Sk, left, right)
+
+            T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
+            T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
+            T.clear(dk)
+            T.clear(dv)
+
+            # One flat loop over (query head in the GQA group, query block) keeps the pipeline full.
+            for t in T.Pipelined(groups * n_qblocks, num_stages=num_stages):
+                h = hk * groups + t // n_qblocks
+                m0 = (qb_lo + t % n_qblocks) * block_m
+                T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
+                T.copy(LSE2[b, h, m0 : m0 + block_m], lse_s)
+                T.gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if has_softcap:
+                    for i, j in T.Parallel(block_n, block_m):
+                        capT[i, j] = T.tanh(sT[i, j] * cap_in)
+                        sT[i, j] = capT[i, j]
+                for i, j in T.Parallel(block_n, block_m):
+                    sT[i, j] = T.exp2(sT[i, j] * score_scale - lse_s[j])
+                interior = (m0 + block_m <= Sq) and (last_col <= m0 + off + right) and (n0 >= m0 + block_m - 1 + off - left)
+                if not interior:
+                    for i, j in T.Parallel(block_n, block_m):
+                        sT[i, j] = T.if_then_else(visible(m0 + j, n0 + i, off, Sk, left, right), sT[i, j], 0)
+                T.copy(dO[b, m0 : m0 + block_m, h, :], do_s)
+                T.copy(Delta[b, h, m0 : m0 + block_m], delta_s)
+                T.gemm(v_s, do_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(sT, pT)
+                T.gemm(pT, do_s, dv, policy=T.GemmWarpPolicy.FullRow)
+                # dS = P * (dP - Delta) * d(score)/d(q.k); softcap adds the factor 1 - tanh^2.
+                if has_softcap:
+                    for i, j in T.Parallel(block_n, block_m):
+                        dsT[i, j] = sT[i, j] * (dpT[i, j] - delta_s[j]) * sm_scale * (1.0 - capT[i, j] * capT[i, j])
+                else:
+                    for i, j in T.Parallel(block_n, block_m):
+                        dsT[i, j] = sT[i, j] * (dpT[i, j] - delta_s[j]) * sm_scale
+                T.gemm(dsT, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
+                if with_dq:
+                    T.copy(dsT, ds_s)
+                    T.gemm(ds_s, k_s, dq, transpose_A=True, clear_accum=True)
+                    T.copy(dq, dq_s)
+                    T.atomic_add(dQacc[b, m0 : m0 + block_m, h, :], dq_s, use_tma=True)
+
+            T.copy(dk, dk_s)
+            T.copy(dk_s, dK[b, n0 : n0 + block_n, hk, :])
+            T.copy(dv, dv_s)
+            T.copy(dv_s, dV[b, n0 : n0 + block_n, hk, :])
+
+    return main
+
+
+@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def attention_bwd_dq(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_softcap: bool,
+    block_m: int = 128,
+    block_n: int = 64,
+    num_stages: int = 2,
+    threads: int = 256,
+):
+    """Deterministic dQ: one CTA per (query block, head, batch), keys in a fixed order.
+
+    Arguments: Q, K, V, dO, LSE2, Delta, dQ (B, Sq, H, dim) output in the input dtype, then
+    the same scalars as ``attention_bwd_dkdv``.
+    """
+    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    acc = T.float32
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        dO: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE2: T.Tensor([B, H, Sqp], acc),
+        Delta: T.Tensor([B, H, Sqp], acc),
+        dQ: T.Tensor([B, Sq, H, dim], dtype),
+        score_scale: T.float32,
+        sm_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=threads) as (bx, h, b):
+            q_s = T.alloc_shared([block_m, dim], dtype)
+            do_s = T.alloc_shared([block_m, dim_v], dtype)
+            k_s = T.alloc_shared([block_n, dim], dtype)
+            v_s = T.alloc_shared([block_n, dim_v], dtype)
+            ds_s = T.alloc_shared([block_m, block_n], dtype)
+            dq_s = T.alloc_shared([block_m, dim], dtype)
+            lse = T.alloc_fragment([block_m], acc)
+            delta = T.alloc_fragment([block_m], acc)
+            s = T.alloc_fragment([block_m, block_n], acc)
+            dp = T.alloc_fragment([block_m, block_n], acc)
+            ds = T.alloc_fragment([block_m, block_n], dtype)
+            dq = T.alloc_fragment([block_m, dim], acc)
+            if has_softcap:
+                cap = T.alloc_fragment([block_m, block_n], acc)
+
+            mb = T.ceildiv(Sq, block_m) - 1 - bx
+            m0 = mb * block_m
+            hk = h // (H // Hkv)
+            off = Sk - Sq
+            kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, Sq, Sk, left, right)
+
+            T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
+            T.copy(dO[b, m0 : m0 + block_m, h, :], do_s)
+            T.copy(LSE2[b, h, m0 : m0 + block_m], lse)
+            T.copy(Delta[b, h, m0 : m0 + block_m], delta)
+            T.clear(dq)
+
+            for t in T.Pipelined(n_blocks, num_stages=num_stages):
+                n0 = (kb_lo + t) * block_n
+                T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
+                T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
+                T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(do_s, v_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if has_softcap:
+                    for i, j in T.Parallel(block_m, block_n):
+                        cap[i, j] = T.tanh(s[i, j] * cap_in)
+                        s[i, j] = cap[i, j]
+                for i, j in T.Parallel(block_m, block_n):
+                    s[i, j] = T.exp2(s[i, j] * score_scale - lse[i])
+                interior = (n0 + block_n <= Sk) and (n0 + block_n - 1 <= m0 + off + right) and (n0 >= last_row + off - left)
+                if not interior:
+                    for i, j in T.Parallel(block_m, block_n):
+                        s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], 0)
+                if has_softcap:
+                    for i, j in T.Parallel(block_m, block_n):
+                        ds[i, j] = s[i, j] * (dp[i, j] - delta[i]) * sm_scale * (1.0 - cap[i, j] * cap[i, j])
+                else:
+                    for i, j in T.Parallel(block_m, block_n):
+                        ds[i, j] = s[i, j] * (dp[i, j] - delta[i]) * sm_scale
+                T.copy(ds, ds_s)
+                T.gemm(ds_s, k_s, dq, policy=T.GemmWarpPolicy.FullRow)
+
+            T.copy(dq, dq_s)
+            T.copy(dq_s, dQ[b, m0 : m0 + block_m, h, :])
+
+    return main
+
+
+def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool, window=(-1, -1)):
+    """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure."""
+    from . import cache, configs
+
+    prep = cache.get(attention_bwd_preprocess, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
+    static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap)
+    cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window))
+    main = cache.get(attention_bwd_dkdv, with_dq=not deterministic, **static, **cfg.as_kwargs())
+    dq = None
+    if deterministic:
+        dq = cache.get(attention_bwd_dq, **static, **configs.bwd_dq_config(dim, dim_v, dtype).as_kwargs())
+    return prep, main, dq
+
+
+def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
+    """Host side of the backward.
+
+    Shapes as in the forward; ``dlse`` (B, H, Sq) or None.  Returns dq, dk, dv in the input
+    dtype and dsinks (H,) in sinks' dtype (or None).
+    """
+    import torch
+
+    from . import debug
+    from .masks import host_window
+
+    b, sq, h, d = q.shape
+    sk, hkv, dv_ = k.shape[1], k.shape[2], v.shape[-1]
+    dtype = str(q.dtype).removeprefix("torch.")
+    dq = debug.new_output(q.shape, q.dtype, q.device)
+    dk = debug.new_output(k.shape, k.dtype, k.device)
+    dv = debug.new_output(v.shape, v.dtype, v.device)
+    lse = lse.contiguous()
+
+    if sq == 0 or sk == 0 or b == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        dsinks = None if sinks is None else torch.zeros_like(sinks)
+        return dq, dk, dv, dsinks
+
+    delta = torch.empty(b, h, (sq + 3) // 4 * 4, dtype=torch.float32, device=q.device)  # rows 16-byte aligned
+    lse2 = torch.empty_like(delta)
+    prep, dkdv, dq_kernel = get_backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window)
+    prep(out, dout, lse, dlse.contiguous() if dlse is not None else lse, delta, lse2)
+
+    left, right = host_window(window)
+    if softcap > 0:
+        scalars = (softcap * LOG2E, softmax_scale, softmax_scale / softcap, left, right)
+    else:
+        scalars = (softmax_scale * LOG2E, softmax_scale, 0.0, left, right)
+    if deterministic:
+        dq_acc = torch.empty(b, sq, h, d, dtype=torch.float32, device=q.device)  # not touched
+        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars)
+        dq_kernel(q, k, v, dout, lse2, delta, dq, *scalars)
+    else:
+        dq_acc = torch.zeros(b, sq, h, d, dtype=torch.float32, device=q.device)
+        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars)
+        dq.copy_(dq_acc)  # postprocess: fp32 accumulator -> input dtype
+
+    dsinks = None
+    if sinks is not None:
+        dsinks = (-(torch.exp(sinks.float()[None, :, None] - lse) * delta[:, :, :sq])).sum(dim=(0, 2)).to(sinks.dtype)
+    return dq, dk, dv, dsinks

@@ -1,0 +1,60 @@
+"""Build kernels ahead of time (no GPU needed): ``python -m flashtile.kernels.precompile``.
+
+Compiled kernels land in TileLang's disk cache (``$TILELANG_CACHE_DIR``, default
+``~/.tilelang/cache``), so a later process on a Hopper machine with the same TileLang and CUDA
+versions loads them instead of compiling (about 7 s per kernel otherwise).
+
+    python -m flashtile.kernels.precompile                      # every structure of the table
+    python -m flashtile.kernels.precompile --headdim 128 --dtype bfloat16 --features plain
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+from . import configs
+
+FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, True), "both": (True, True)}
+
+
+def structures(headdims, dtypes, features, passes=("fwd", "bwd", "bwd-det")):
+    """Yield (pass, kwargs) for every requested static structure."""
+    for (dim, dim_v), dtype, feat, p in itertools.product(headdims, dtypes, features, passes):
+        has_sinks, has_softcap = FEATURES[feat]
+        if p == "fwd":
+            yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
+        elif not has_sinks:  # sinks do not change the backward kernels
+            yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=False, deterministic=p == "bwd-det")
+
+
+def build(p: str, kwargs: dict):
+    from .bwd import get_backward_kernels
+    from .fwd import get_forward_kernel
+
+    return get_forward_kernel(**kwargs) if p == "fwd" else get_backward_kernels(**kwargs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--headdim", nargs="*", default=None, help="e.g. 128 or 192/128 (default: the table's)")
+    ap.add_argument("--dtype", nargs="*", default=["bfloat16", "float16"])
+    ap.add_argument("--features", nargs="*", default=list(FEATURES), choices=list(FEATURES))
+    ap.add_argument("--passes", nargs="*", default=["fwd", "bwd", "bwd-det"], choices=["fwd", "bwd", "bwd-det"])
+    args = ap.parse_args(argv)
+    if args.headdim:
+        dims = [tuple(int(x) for x in (h.split("/") * 2)[:2]) for h in args.headdim]
+    else:
+        dims = sorted({(d, dv) for d, dv, _, _ in configs.all_structures()})
+    t0 = time.time()
+    for p, kw in structures(dims, args.dtype, args.features, args.passes):
+        t = time.time()
+        build(p, kw)
+        print(f"{p:8s} {kw} {time.time() - t:.1f}s", flush=True)
+    print(f"done in {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
