@@ -1,0 +1,399 @@
+"""GPU kernels against the reference with flash-attn's rule (marker ``gpu``; skipped without CUDA).
+
+With ``ref32`` the reference in float32 on the low-precision inputs upcast, and ``ref_lp`` the
+reference fed the low-precision tensors (out and grads rounded to that precision):
+
+    err(kernel, ref32) <= 2 * err(ref_lp, ref32) + 1e-5     for out and lse
+    err(kernel, ref32) <= 3 * err(ref_lp, ref32) + 1e-5     for dq, dk, dv, dsinks
+
+with ``err`` the max abs error.  lse is compared on finite entries only and must be -inf exactly
+where ref32's is.  The floor ``1e-5`` is taken relative to the pass's scale: it is
+``1e-5 * max(1, S)`` with S the largest |ref32| value of that pass (out for the forward; dq, dk,
+dv, dsinks together for the backward; lse on its own).  ref_lp's lse is float32 arithmetic on the
+same values as ref32's, so its error is 0 and lse's bound is that floor alone; and a gradient
+that is zero by cancellation (seqlen_k 1 without a sink: P = 1, so dS = 0 and dK = 0) is only
+float32 noise of the size of the other gradients, which a bare 1e-5 would reject.
+
+Every kernel call runs inside ``flashtile.kernels.debug.poison()`` (outputs NaN-filled before the
+launch) and no output or gradient may hold a NaN.  Inputs are fresh ``torch.randn`` draws.
+
+The grid is a covering design (``test_grid_covers_every_axis`` keeps it honest): every seqlen
+pair, head dim (each in fp16 and bf16), head layout and mask kind appears, 4224x4224 runs causal
+and windowed, sinks and softcap vary at d=128 bf16 so that few structures are compiled.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from flashtile import flash_attn_func, reference
+from flashtile.check import naive_attention
+from flashtile.kernels import cache, debug
+
+pytestmark = pytest.mark.gpu
+
+BF16, FP16 = torch.bfloat16, torch.float16
+MASKS = {
+    "none": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "win(127,0)": (False, (127, 0)),
+    "win(64,64)": (False, (64, 64)),
+    "win(0,0)": (False, (0, 0)),
+    "causal+win(256)": (True, (256, -1)),
+}
+SEQLENS = [(1, 1), (17, 113), (113, 203), (239, 1), (1023, 1024), (1024, 1023), (4224, 4224)]
+HEADDIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
+HEADS = [(4, 4), (8, 2), (4, 1)]  # MHA, GQA 4:1, MQA
+
+
+@dataclass(frozen=True)
+class G:
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    h: int
+    hkv: int
+    mask: str
+    dtype: torch.dtype
+    sinks: bool = False
+    softcap: float = 0.0
+    batch: int = 1
+    grad: str = "out"  # which outputs the loss uses: "out", "out+lse" or "lse"
+
+    @property
+    def id(self) -> str:
+        s = (
+            f"{'bf16' if self.dtype == BF16 else 'fp16'}-b{self.batch}-sq{self.sq}-sk{self.sk}-d{self.d}"
+            + (f"v{self.dv}" if self.dv != self.d else "")
+            + f"-h{self.h}:{self.hkv}-{self.mask}"
+        )
+        s += "-sinks" if self.sinks else ""
+        s += f"-cap{self.softcap:g}" if self.softcap else ""
+        s += "" if self.grad == "out" else f"-grad({self.grad})"
+        return s
+
+
+GRID = [
+    # d 64
+    G(1, 1, 64, 64, 4, 4, "none", FP16, batch=2),
+    G(17, 113, 64, 64, 8, 2, "causal", BF16, batch=2),
+    G(1023, 1024, 64, 64, 4, 1, "win(64,64)", FP16),
+    G(239, 1, 64, 64, 8, 2, "causal", BF16, batch=2),  # 238 fully masked rows
+    # d 96
+    G(113, 203, 96, 96, 4, 4, "win(127,0)", FP16, batch=2),
+    G(1024, 1023, 96, 96, 4, 1, "causal", BF16),  # row 0 sees nothing
+    G(17, 113, 96, 96, 8, 2, "win(0,0)", BF16, batch=2),
+    G(239, 1, 96, 96, 4, 4, "none", FP16, batch=2),
+    # d 128, plain
+    G(4224, 4224, 128, 128, 8, 2, "causal", BF16),
+    G(4224, 4224, 128, 128, 4, 1, "causal+win(256)", FP16),
+    G(1, 1, 128, 128, 8, 2, "win(0,0)", BF16, batch=2),
+    G(113, 203, 128, 128, 4, 1, "none", FP16, batch=2),
+    G(1024, 1023, 128, 128, 4, 4, "win(0,0)", BF16),  # row 0 sees nothing
+    G(239, 1, 128, 128, 4, 4, "win(127,0)", FP16, batch=2),  # fully masked rows
+    # d 128 bf16: sinks, softcap, gradients through lse
+    G(113, 203, 128, 128, 8, 2, "causal", BF16, sinks=True, batch=2, grad="out+lse"),
+    G(239, 1, 128, 128, 4, 1, "causal", BF16, sinks=True, batch=2),  # masked rows with a sink
+    G(1023, 1024, 128, 128, 4, 4, "none", BF16, softcap=30.0),
+    G(17, 113, 128, 128, 8, 2, "win(64,64)", BF16, softcap=30.0, batch=2),
+    G(4224, 4224, 128, 128, 8, 2, "win(127,0)", BF16, sinks=True, softcap=30.0, grad="out+lse"),
+    G(1024, 1023, 128, 128, 4, 1, "causal+win(256)", BF16, sinks=True, softcap=30.0),
+    G(1, 1, 128, 128, 4, 4, "none", BF16, sinks=True, batch=2, grad="lse"),
+    G(239, 1, 128, 128, 8, 2, "win(0,0)", BF16, grad="out+lse", batch=2),  # -inf lse rows, dlse given
+    # d 192 / dv 128
+    G(1023, 1024, 192, 128, 8, 2, "causal+win(256)", BF16),
+    G(113, 203, 192, 128, 4, 1, "win(64,64)", FP16, batch=2),
+    G(239, 1, 192, 128, 8, 2, "win(0,0)", FP16, batch=2),
+    G(1, 1, 192, 128, 4, 4, "causal", BF16, batch=2),
+    G(17, 113, 192, 128, 4, 4, "none", FP16, batch=2),
+    # d 256
+    G(1024, 1023, 256, 256, 8, 2, "none", BF16),
+    G(17, 113, 256, 256, 4, 1, "causal", FP16, batch=2),
+    G(113, 203, 256, 256, 4, 4, "causal+win(256)", BF16, batch=2),
+    G(1023, 1024, 256, 256, 4, 4, "win(127,0)", FP16),
+    G(239, 1, 256, 256, 4, 1, "win(64,64)", BF16, batch=2),
+]
+
+
+def test_grid_covers_every_axis():
+    assert {(g.sq, g.sk) for g in GRID} == set(SEQLENS)
+    assert {(g.d, g.dv, g.dtype) for g in GRID} == {(d, dv, t) for d, dv in HEADDIMS for t in (BF16, FP16)}
+    assert {(g.h, g.hkv) for g in GRID} == set(HEADS)
+    assert {g.mask for g in GRID} == set(MASKS)
+    for mask in MASKS:  # every mask at several head dims and head layouts
+        assert len({g.d for g in GRID if g.mask == mask}) >= 3, mask
+    assert {g.mask for g in GRID if g.sq == 4224} >= {"causal", "win(127,0)"}
+    assert any(g.sinks and g.softcap for g in GRID) and any(g.sinks and not g.softcap for g in GRID)
+    assert {g.grad for g in GRID} == {"out", "out+lse", "lse"}
+    # structures compiled for the forward: (d, dv, dtype, sinks, softcap)
+    assert len({(g.d, g.dv, g.dtype, g.sinks, bool(g.softcap)) for g in GRID}) <= 14
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _ieee_fp32_reference():
+    """ref32 must be real float32: no TF32 in the reference's matmuls."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    d = (a.detach().double() - b.detach().double()).abs()
+    return float(torch.nan_to_num(d, nan=math.inf).max())
+
+
+def _inputs(g: G, device="cuda"):
+    """Fresh random q, k, v (low precision), sinks (float32) or None, dout (low precision)."""
+    q = torch.randn(g.batch, g.sq, g.h, g.d, device=device, dtype=g.dtype)
+    k = torch.randn(g.batch, g.sk, g.hkv, g.d, device=device, dtype=g.dtype)
+    v = torch.randn(g.batch, g.sk, g.hkv, g.dv, device=device, dtype=g.dtype)
+    sinks = torch.randn(g.h, device=device, dtype=torch.float32) if g.sinks else None
+    dout = torch.randn(g.batch, g.sq, g.h, g.dv, device=device, dtype=g.dtype)
+    return q, k, v, sinks, dout
+
+
+def _window(causal: bool, window) -> tuple[int, int]:
+    return (window[0], 0) if causal else tuple(window)
+
+
+def run_kernel(q, k, v, sinks, dout, dlse, causal, window, softcap, deterministic=False, backward=True):
+    """flash_attn_func fwd (+ bwd) with poisoned outputs.
+
+    Returns (out, lse, dq, dk, dv, dsinks) and the exception the backward raised (or None);
+    the gradients are None when the backward raised or was not asked for.
+    """
+    leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in (q, k, v, sinks)]
+    with debug.poison():
+        out, lse = flash_attn_func(
+            *leaves[:3], causal=causal, window_size=window, sinks=leaves[3], softcap=softcap,
+            deterministic=deterministic, return_lse=True,
+        )
+        torch.cuda.synchronize()
+        error = None
+        if backward:
+            outputs, grads = [], []
+            if dout is not None:
+                outputs.append(out), grads.append(dout)
+            if dlse is not None:
+                outputs.append(lse), grads.append(dlse)
+            try:
+                torch.autograd.backward(outputs, grads)
+                torch.cuda.synchronize()
+            except Exception as e:  # reported beside the forward's results
+                error = e
+    grads = tuple(None if (x is None or error is not None or not backward) else x.grad for x in leaves)
+    return (out.detach(), lse.detach()) + grads, error
+
+
+def run_references(q, k, v, sinks, dout, dlse, causal, window, softcap):
+    """(ref_lp, ref32) tuples of out, lse, dq, dk, dv, dsinks from the reference on q's device."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    win = _window(causal, window)
+    f32 = [None if x is None else x.float() for x in (q, k, v, sinks)]
+    dout32 = torch.zeros_like(f32[0][..., :1]).expand(*q.shape[:3], v.shape[-1]) if dout is None else dout.float()
+    doutlp = dout32.to(q.dtype) if dout is None else dout
+    o32, l32 = reference.attention_forward(*f32[:3], scale, win, f32[3], softcap, chunk=512)
+    g32 = reference.attention_backward(dout32, *f32[:3], o32, l32, scale, win, f32[3], softcap, dlse, chunk=512)
+    olp, llp = reference.attention_forward(q, k, v, scale, win, sinks, softcap, chunk=512)
+    glp = reference.attention_backward(doutlp, q, k, v, olp, llp, scale, win, sinks, softcap, dlse, chunk=512)
+    return (olp, llp) + tuple(glp), (o32, l32) + tuple(g32)
+
+
+NAMES = ("out", "lse", "dq", "dk", "dv", "dsinks")
+
+
+def _scale(*tensors) -> float:
+    """max(1, largest finite |x| over the tensors)."""
+    m = 1.0
+    for x in tensors:
+        if x is not None and x.numel():
+            x = x.detach()
+            finite = x[torch.isfinite(x)]
+            if finite.numel():
+                m = max(m, float(finite.abs().max()))
+    return m
+
+
+def rule_failures(case: str, got, lp, r32) -> list[str]:
+    """The flash-attn rule on every tensor; one line per violation (empty when all pass)."""
+    fails = []
+    floors = {"out": 1e-5 * _scale(r32[0]), "lse": 1e-5 * _scale(r32[1])}
+    floors.update(dict.fromkeys(NAMES[2:], 1e-5 * _scale(*r32[2:])))
+    for name, a, b, c in zip(NAMES, got, lp, r32):
+        if c is None:
+            continue
+        if a is None:
+            fails.append(f"{name}: missing (no gradient)")
+            continue
+        if a.shape != c.shape:
+            fails.append(f"{name}: shape {tuple(a.shape)} != {tuple(c.shape)}")
+            continue
+        nan = torch.isnan(a)
+        if nan.any():
+            fails.append(f"{name}: {int(nan.sum())} NaN (unwritten/poisoned or invalid), first at {nan.nonzero()[0].tolist()}")
+            continue
+        full_shape = a.shape
+        if name == "lse":
+            masked = torch.isneginf(c)
+            if not torch.equal(torch.isneginf(a), masked):
+                bad = (torch.isneginf(a) != masked).nonzero()
+                fails.append(f"lse: -inf pattern differs from ref32 at {bad.shape[0]} rows, first {bad[0].tolist()}")
+                continue
+            # compare finite entries only (masked ones become 0 - 0)
+            a, b, c = (x.masked_fill(masked, 0.0) for x in (a, b, c))
+        floor = floors[name]
+        factor = 2 if name in ("out", "lse") else 3
+        err, ref_err = _max_err(a, c), _max_err(b, c)
+        if not err <= factor * ref_err + floor:
+            flat = int((a.double() - c.double()).abs().flatten().argmax())
+            idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), full_shape)]
+            fails.append(f"{name}: kernel err {err:.3e} > {factor} * ref_lp err {ref_err:.3e} + {floor:.1e} (worst at {idx})")
+    return fails
+
+
+def check_case(g: G, deterministic=False):
+    causal, window = MASKS[g.mask]
+    q, k, v, sinks, dout = _inputs(g)
+    dout = None if g.grad == "lse" else dout
+    dlse = None
+    if "lse" in g.grad:
+        # -inf rows get no lse gradient (their lse is constant); others a random one.
+        with torch.no_grad():
+            _, lse_probe = reference.attention_forward(
+                q.float(), k.float(), v.float(), 1.0, _window(causal, window), None if sinks is None else sinks.float(), 0.0, chunk=512
+            )
+        dlse = torch.randn(g.batch, g.h, g.sq, device="cuda").masked_fill(torch.isneginf(lse_probe), 0.0)
+    got, error = run_kernel(q, k, v, sinks, dout, dlse, causal, window, g.softcap, deterministic)
+    lp, r32 = run_references(q, k, v, sinks, dout, dlse, causal, window, g.softcap)
+    if error is not None:
+        return rule_failures(g.id, got[:2], lp[:2], r32[:2]) + [f"backward raised {type(error).__name__}: {error}"]
+    return rule_failures(g.id, got, lp, r32)
+
+
+# --------------------------------------------------------------------------------------------
+# the grid
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("g", GRID, ids=[g.id for g in GRID])
+def test_kernel_vs_reference(g: G):
+    fails = check_case(g)
+    assert not fails, f"[{g.id}]\n  " + "\n  ".join(fails)
+
+
+# --------------------------------------------------------------------------------------------
+# determinism, recompilation, dispatch, layouts, empty sequences
+# --------------------------------------------------------------------------------------------
+
+DETERMINISM = [
+    G(333, 517, 128, 128, 8, 2, "causal", BF16, batch=2),  # GQA, causal, odd lengths
+    G(255, 255, 128, 128, 4, 1, "win(64,64)", BF16, sinks=True, batch=2),
+]
+
+
+@pytest.mark.parametrize("g", DETERMINISM, ids=[g.id for g in DETERMINISM])
+def test_deterministic_backward_is_bitwise_reproducible(g: G):
+    causal, window = MASKS[g.mask]
+    q, k, v, sinks, dout = _inputs(g)
+    first, error = run_kernel(q, k, v, sinks, dout, None, causal, window, g.softcap, deterministic=True)
+    if error is not None:
+        raise error
+    lp, r32 = run_references(q, k, v, sinks, dout, None, causal, window, g.softcap)
+    fails = rule_failures(g.id, first, lp, r32)
+    assert not fails, f"[{g.id} deterministic]\n  " + "\n  ".join(fails)
+    for run in range(1, 20):
+        again, error = run_kernel(q, k, v, sinks, dout, None, causal, window, g.softcap, deterministic=True)
+        if error is not None:
+            raise error
+        for name, a, b in zip(NAMES, first, again):
+            if a is not None:
+                assert torch.equal(a, b), f"[{g.id}] {name} differs between run 0 and run {run} (deterministic=True)"
+
+
+def test_no_recompile_for_new_batch_seqlen_heads():
+    """After one warm call per structure, new batch sizes, sequence lengths (odd ones too), head
+    counts, GQA ratios and window values compile nothing."""
+    dtype, d = BF16, 64
+    masks = [(False, (-1, -1)), (True, (-1, -1)), (False, (31, 7))]
+
+    def call(b, sq, sk, h, hkv, causal, window):
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+        v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+        out = flash_attn_func(q, k, v, causal=causal, window_size=window)
+        out.backward(torch.randn_like(out))
+        torch.cuda.synchronize()
+
+    for causal, window in masks:  # warm: one call per mask kind
+        call(1, 128, 128, 2, 2, causal, window)
+    before = cache.total_builds()
+    slowest = (0.0, None)
+    for b, sq, sk, h, hkv in [(1, 1, 1, 2, 1), (3, 17, 113, 4, 4), (2, 129, 257, 6, 3), (1, 333, 333, 8, 2), (4, 64, 1000, 2, 2), (1, 1000, 64, 16, 1)]:
+        for causal, window in masks:
+            t0 = time.perf_counter()
+            call(b, sq, sk, h, hkv, causal, window)
+            dt = time.perf_counter() - t0
+            slowest = max(slowest, (dt, (b, sq, sk, h, hkv, causal, window)), key=lambda x: x[0])
+    assert cache.total_builds() == before, f"{cache.total_builds() - before} new kernel builds: {dict(cache.builds)}"
+    # A compile takes seconds; a warm call on these sizes takes milliseconds.
+    assert slowest[0] < 3.0, f"slowest warm call took {slowest[0]:.2f} s at {slowest[1]} (a hidden recompile?)"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_full_precision_on_cuda_is_not_implemented(dtype):
+    q = torch.randn(1, 16, 2, 64, device="cuda", dtype=dtype)
+    with pytest.raises(NotImplementedError, match="dtype"):
+        flash_attn_func(q, q, q)
+
+
+def test_non_contiguous_inputs_match_contiguous():
+    """q, k, v sliced from a packed qkv projection (and a transposed dout) give bitwise the same
+    results as contiguous copies (deterministic backward so dq is reproducible)."""
+    b, s, h, hkv, d = 2, 301, 8, 2, 128
+    qkv = torch.randn(b, s, h + 2 * hkv, d, device="cuda", dtype=BF16)
+    q, k, v = qkv[:, :, :h], qkv[:, :, h : h + hkv], qkv[:, :, h + hkv :]
+    dout = torch.randn(b, h, s, d, device="cuda", dtype=BF16).transpose(1, 2)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous() or dout.is_contiguous())
+    before = qkv.clone()
+    strided, e1 = run_kernel(q, k, v, None, dout, None, True, (-1, -1), 0.0, deterministic=True)
+    dense, e2 = run_kernel(q.contiguous(), k.contiguous(), v.contiguous(), None, dout.contiguous(), None, True, (-1, -1), 0.0, deterministic=True)
+    if e1 or e2:
+        raise e1 or e2
+    for name, a, c in zip(NAMES, strided, dense):
+        if c is not None:
+            assert torch.equal(a, c), f"{name}: non-contiguous input changes the result (max diff {_max_err(a, c):.3e})"
+    assert torch.equal(qkv, before), "inputs were modified"
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_empty_sequences(sinks):
+    """seqlen_k == 0: out 0 and lse -inf (or the sink); seqlen_q == 0: empty outputs. No NaN."""
+    h = 4
+    s = torch.randn(h, device="cuda") if sinks else None
+    q = torch.randn(2, 37, h, 128, device="cuda", dtype=BF16)
+    k = torch.randn(2, 0, 2, 128, device="cuda", dtype=BF16)
+    v = torch.randn(2, 0, 2, 128, device="cuda", dtype=BF16)
+    with debug.poison():
+        out, lse = flash_attn_func(q, k, v, sinks=s, return_lse=True)
+    want_out, want_lse = naive_attention(q, k, v, sinks=s)
+    assert torch.equal(out.float(), want_out.float()), "seqlen_k == 0: out must be 0"
+    assert torch.equal(lse, want_lse.float()), "seqlen_k == 0: lse must be -inf or the sink"
+    q0 = torch.randn(2, 0, h, 128, device="cuda", dtype=BF16)
+    k0 = torch.randn(2, 9, 2, 128, device="cuda", dtype=BF16)
+    with debug.poison():
+        out0, lse0 = flash_attn_func(q0, k0, k0, sinks=s, causal=True, return_lse=True)
+    assert out0.shape == (2, 0, h, 128) and lse0.shape == (2, h, 0)
