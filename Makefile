@@ -1,24 +1,30 @@
-# Everyday entry points; CI runs `make test` through .ci/run.
+# Entry points.  `make demo` and `make test` are the README quick start; CI runs `make test`.
 PY ?= python3
+# A CPU machine gets the CPU wheel of torch; a machine that already has torch (e.g. a CUDA
+# build on a GPU box) keeps it.
+TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test test-fast check bench gpu-bundle
+.PHONY: install install-dev demo test test-fast test-gpu precompile
 
 install:
-	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e .
 
-test:
-	$(PY) -m pytest -q -n 2
+install-dev: install
+	$(PY) -m pip install -q -e '.[dev]'
 
-test-fast:
-	$(PY) -m pytest -q -m "not compile"
-
-check:
+demo: install
 	$(PY) -m flashtile check
-
-bench:
 	$(PY) -m flashtile bench
 
-gpu-bundle:
-	grep -qxF '/.carry/' .git/info/exclude || echo '/.carry/' >> .git/info/exclude
-	bash ../shared/tools/make_gpu_bundle.sh .carry
+test: install-dev
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+test-fast: install-dev
+	$(PY) -m pytest -q -m "not compile"
+
+test-gpu: install-dev
+	$(PY) -m pytest -q -m gpu
+
+precompile: install
+	$(PY) -m flashtile.kernels.precompile

@@ -26,7 +26,7 @@ MAX_HEADDIM = 256
 
 
 def _fail(kind, arg: str, expected: str, given) -> None:
-    raise kind(f"flash_attn_func: {arg} must be {expected}, got {given}")
+    raise kind(f"flash_attn_func: {arg} must be {expected}, got {given!r}" if isinstance(given, str) else f"flash_attn_func: {arg} must be {expected}, got {given}")
 
 
 def _check_tensor(name: str, x, rank: int) -> None:
@@ -70,7 +70,9 @@ def validate(q, k, v, softmax_scale, window_size, sinks, softcap) -> None:
     for side, w in zip(("left", "right"), window_size):
         if w < -1:
             _fail(ValueError, f"window_size {side}", ">= -1 (-1 = unbounded)", w)
-    if not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+    if not isinstance(softcap, (int, float)):
+        _fail(TypeError, "softcap", "a float", type(softcap).__name__)
+    if not math.isfinite(softcap) or softcap < 0:
         _fail(ValueError, "softcap", "a finite float >= 0 (0 = off)", softcap)
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor):

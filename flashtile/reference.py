@@ -101,7 +101,7 @@ def attention_forward(
         rows = torch.arange(start, min(start + chunk, sq), device=q.device)
         qc = _group(q[:, start : start + chunk].to(acc), hkv)
         s, _ = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window)
-        m = s.amax(dim=-1)
+        m = s.amax(dim=-1) if s.shape[-1] else s.new_full(s.shape[:-1], float("-inf"))
         if sink is not None:
             m = torch.maximum(m, sink)
         m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # fully masked rows: avoid inf - inf

@@ -19,21 +19,28 @@ from . import configs
 FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, True), "both": (True, True)}
 
 
-def structures(headdims, dtypes, features, passes=("fwd", "bwd", "bwd-det")):
+PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse")  # bwd-lse: the backward when lse gets a gradient
+
+
+def structures(headdims, dtypes, features, passes=PASSES):
     """Yield (pass, kwargs) for every requested static structure."""
     for (dim, dim_v), dtype, feat, p in itertools.product(headdims, dtypes, features, passes):
         has_sinks, has_softcap = FEATURES[feat]
         if p == "fwd":
             yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
         elif not has_sinks:  # sinks do not change the backward kernels
-            yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=False, deterministic=p == "bwd-det")
+            yield p, dict(
+                dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=p == "bwd-lse", deterministic=p == "bwd-det"
+            )
 
 
-def build(p: str, kwargs: dict):
+def build(p: str, kwargs: dict) -> str:
     from .bwd import get_backward_kernels
     from .fwd import get_forward_kernel
 
-    return get_forward_kernel(**kwargs) if p == "fwd" else get_backward_kernels(**kwargs)
+    t = time.time()
+    get_forward_kernel(**kwargs) if p == "fwd" else get_backward_kernels(**kwargs)
+    return f"{p:8s} {kwargs} {time.time() - t:.1f}s"
 
 
 def main(argv=None) -> int:
@@ -41,17 +48,24 @@ def main(argv=None) -> int:
     ap.add_argument("--headdim", nargs="*", default=None, help="e.g. 128 or 192/128 (default: the table's)")
     ap.add_argument("--dtype", nargs="*", default=["bfloat16", "float16"])
     ap.add_argument("--features", nargs="*", default=list(FEATURES), choices=list(FEATURES))
-    ap.add_argument("--passes", nargs="*", default=["fwd", "bwd", "bwd-det"], choices=["fwd", "bwd", "bwd-det"])
+    ap.add_argument("--passes", nargs="*", default=list(PASSES), choices=list(PASSES))
+    ap.add_argument("--jobs", type=int, default=1, help="parallel compile processes (each fills the disk cache)")
     args = ap.parse_args(argv)
     if args.headdim:
         dims = [tuple(int(x) for x in (h.split("/") * 2)[:2]) for h in args.headdim]
     else:
         dims = sorted({(d, dv) for d, dv, _, _ in configs.all_structures()})
     t0 = time.time()
-    for p, kw in structures(dims, args.dtype, args.features, args.passes):
-        t = time.time()
-        build(p, kw)
-        print(f"{p:8s} {kw} {time.time() - t:.1f}s", flush=True)
+    todo = list(structures(dims, args.dtype, args.features, args.passes))
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs) as pool:
+            for line in pool.map(build, *zip(*todo)):
+                print(line, flush=True)
+    else:
+        for p, kw in todo:
+            print(build(p, kw), flush=True)
     print(f"done in {time.time() - t0:.0f}s")
     return 0
 

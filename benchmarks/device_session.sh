@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call that does everything a kernel change must show: build the kernels (in
+# parallel, into TileLang's disk cache), run the GPU test suite, then benchmark against cuDNN,
+# PyTorch flash SDPA and FlexAttention.  Logs go to $1 (default $OUT or ./device-out).
+#
+#   bash .carry/install.sh && export PYTHONPATH=/tmp/site:$PWD && bash benchmarks/device_session.sh
+#
+# Phase budgets (seconds) can be overridden: PRECOMPILE_S, TESTS_S, BENCH_S.
+set -uo pipefail
+out=${1:-${OUT:-device-out}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
+jobs=$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/summary.txt"
+
+t0=$(date +%s)
+timeout "${PRECOMPILE_S:-150}" python3 -m flashtile.kernels.precompile --jobs "$jobs" \
+  --headdim 64 96 128 192/128 256 --features plain --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO > "$out/precompile.log"
+timeout 60 python3 -m flashtile.kernels.precompile --jobs "$jobs" --headdim 64 128 --dtype bfloat16 \
+  --features sinks softcap both --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO >> "$out/precompile.log"
+echo "precompile: $(( $(date +%s) - t0 ))s, $(grep -c "s$" "$out/precompile.log") structures" | tee -a "$out/summary.txt"
+
+t0=$(date +%s)
+timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5 tests > "$out/gpu_tests.log" 2>&1
+echo "gpu tests: $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/gpu_tests.log")" | tee -a "$out/summary.txt"
+
+t0=$(date +%s)
+bench_flags=${BENCH_FLAGS:---headdim 64 128 256 --seqlen 1k 4k 16k --mode fwd bwd --backends flashtile cudnn flash flex}
+timeout "${BENCH_S:-220}" python3 -m flashtile.bench $bench_flags --time-limit $(( ${BENCH_S:-220} - 20 )) \
+  --json "$out/bench.json" --csv "$out/bench.csv" --plot "$out/bench.png" --markdown "$out/bench.md" > "$out/bench.log" 2>&1
+rc=$?
+echo "bench: $(( $(date +%s) - t0 ))s rc=$rc" | tee -a "$out/summary.txt"
+grep -E "FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | tail -n 15
+tail -n 40 "$out/bench.log"
+cat "$out/summary.txt"
