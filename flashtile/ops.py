@@ -7,8 +7,7 @@ tensors run the TileLang kernels of ``flashtile.kernels`` (which raise ``NotImpl
 for a case no kernel covers, never a silent slow path).
 
 Autograd: ``fwd``'s backward is the ``bwd`` op; ``bwd``'s backward (double backward, e.g. for a
-gradient penalty) is the ``bwd_bwd`` op, which differentiates the reference backward and runs
-on CPU only.
+gradient penalty) is the ``bwd_bwd`` op (PyTorch math; CPU, or CUDA on request).
 
 Layout contract shared by the real and the fake implementations (inductor plans buffers from
 the fake ones, so they must agree): every output is a fresh contiguous tensor, whatever the
@@ -17,6 +16,7 @@ strides of the inputs.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -48,6 +48,35 @@ def _empty_like_contiguous(x: Tensor) -> Tensor:
     return x.new_empty(x.shape)
 
 
+def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap):
+    window = (window_left, window_right)
+    if q.device.type == "cuda":
+        out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, window, softcap)
+    elif q.device.type == "cpu":
+        with torch.no_grad():
+            out, lse = reference.attention_forward(q, k, v, softmax_scale, window, sinks, softcap)
+    else:
+        raise _no_device(q.device)
+    return _fresh(out), _fresh(lse)
+
+
+def _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
+    window = (window_left, window_right)
+    if q.device.type == "cuda":
+        dq, dk, dv, dsinks = _kernels().backward(
+            dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic
+        )
+    elif q.device.type == "cpu":
+        with torch.no_grad():
+            dq, dk, dv, dsinks = reference.attention_backward(
+                dout, q, k, v, out, lse, softmax_scale, window, sinks, softcap, dlse
+            )
+    else:
+        raise _no_device(q.device)
+    dsinks = q.new_empty(0) if dsinks is None else _fresh(dsinks)
+    return _fresh(dq), _fresh(dk), _fresh(dv), dsinks
+
+
 @torch.library.custom_op("flashtile::fwd", mutates_args=())
 def attention_fwd(
     q: Tensor,
@@ -61,14 +90,7 @@ def attention_fwd(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) for BSHD q/k/v; see ``flashtile.flash_attn_func`` for the meaning."""
-    if q.device.type == "cuda":
-        out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, (window_left, window_right), softcap)
-    elif q.device.type == "cpu":
-        with torch.no_grad():
-            out, lse = reference.attention_forward(q, k, v, softmax_scale, (window_left, window_right), sinks, softcap)
-    else:
-        raise _no_device(q.device)
-    return _fresh(out), _fresh(lse)
+    return _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap)
 
 
 @attention_fwd.register_fake
@@ -96,20 +118,7 @@ def attention_bwd(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dsinks); dsinks is an empty tensor when there are no sinks."""
-    window = (window_left, window_right)
-    if q.device.type == "cuda":
-        dq, dk, dv, dsinks = _kernels().backward(
-            dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic
-        )
-    elif q.device.type == "cpu":
-        with torch.no_grad():
-            dq, dk, dv, dsinks = reference.attention_backward(
-                dout, q, k, v, out, lse, softmax_scale, window, sinks, softcap, dlse
-            )
-    else:
-        raise _no_device(q.device)
-    dsinks = q.new_empty(0) if dsinks is None else _fresh(dsinks)
-    return _fresh(dq), _fresh(dk), _fresh(dv), dsinks
+    return _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, window_right, softcap, deterministic)
 
 
 @attention_bwd.register_fake
@@ -137,56 +146,166 @@ def attention_bwd_bwd(
     window_right: int,
     softcap: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of ``bwd``'s outputs w.r.t. its tensor inputs (double backward).
+    """Double backward: the vector-Jacobian product of ``bwd`` w.r.t. its tensor inputs.
 
-    Returns (d_dout, d_dlse, d_q, d_k, d_v, d_out, d_lse, d_sinks); d_dlse / d_sinks are empty
-    when dlse / sinks are None.  Differentiates the reference backward, so it is exact; the
-    TileLang kernels have no double backward, hence CPU only.
+    ``grad_*`` are the cotangents of (dq, dk, dv, dsinks) (``grad_dsinks`` empty without
+    sinks).  Returns (g_dout, g_dlse, g_q, g_k, g_v, g_out, g_lse, g_sinks); g_dlse / g_sinks
+    are empty when dlse / sinks are None.  PyTorch math (``_reference_double_backward``), exact
+    and checked by ``gradgradcheck``; no TileLang kernel implements it, so on CUDA it runs only
+    when asked for with ``FLASHTILE_ALLOW_REFERENCE_DOUBLE_BACKWARD=1``.
     """
-    if q.device.type != "cpu":
+    if q.device.type != "cpu" and os.environ.get("FLASHTILE_ALLOW_REFERENCE_DOUBLE_BACKWARD") != "1":
         raise NotImplementedError(
-            "flashtile: double backward (differentiating the attention backward pass) runs on CPU "
-            f"tensors only; no {q.device.type} kernel implements it"
+            "flashtile: double backward (differentiating the attention backward pass) has no "
+            f"{q.device.type} kernel; set FLASHTILE_ALLOW_REFERENCE_DOUBLE_BACKWARD=1 to run the "
+            "PyTorch reference for it"
         )
-    window = (window_left, window_right)
-    names = ("dout", "dlse", "q", "k", "v", "out", "lse", "sinks")
-    given = dict(zip(names, (dout, dlse, q, k, v, out, lse, sinks)))
-    present = [n for n in names if given[n] is not None]
-
-    def backward_of(*tensors):
-        t = dict(zip(present, tensors))
-        dq, dk, dv, dsinks = reference.attention_backward(
-            t["dout"], t["q"], t["k"], t["v"], t["out"], t["lse"], softmax_scale, window, t.get("sinks"), softcap, t.get("dlse")
+    with torch.no_grad():
+        grads = _reference_double_backward(
+            grad_dq, grad_dk, grad_dv, grad_dsinks if sinks is not None else None,
+            dout, dlse, q, k, v, out, lse, sinks, softmax_scale, (window_left, window_right), softcap,
         )
-        return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
-
-    # torch.func.vjp, not torch.autograd: a custom op's implementation runs below the autograd
-    # dispatch key, where autograd records nothing; functorch's transforms work there.
-    primals = tuple(given[n] for n in present)
-    outputs, vjp_fn = torch.func.vjp(backward_of, *primals)
-    cotangents = (grad_dq, grad_dk, grad_dv, grad_dsinks)[: len(outputs)]
-    got = vjp_fn(tuple(c.to(o.dtype) for c, o in zip(cotangents, outputs)))
-    by_name = dict(zip(present, got))
-    result = []
-    for n in names:
-        t = given[n]
-        if t is None:
-            result.append(q.new_empty(0))
-        else:
-            g = by_name[n]
-            result.append(torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None else _fresh(g))
-    return tuple(result)
+    return tuple(q.new_empty(0) if g is None else _fresh(g) for g in grads)
 
 
 @attention_bwd_bwd.register_fake
 def _(grad_dq, grad_dk, grad_dv, grad_dsinks, dout, dlse, q, k, v, out, lse, sinks, *scalars):
-    def like(t):
-        return q.new_empty(0) if t is None else _empty_like_contiguous(t)
+    return tuple(q.new_empty(0) if t is None else _empty_like_contiguous(t) for t in (dout, dlse, q, k, v, out, lse, sinks))
 
-    return tuple(like(t) for t in (dout, dlse, q, k, v, out, lse, sinks))
+
+def _reference_double_backward(A, B, C, e, dout, dlse, q, k, v, out, lse, sinks, scale, window, softcap, chunk=None):
+    """VJP of the attention backward, derived by hand; same chunking and layout as ``reference``.
+
+    With s_raw = scale q.k, t = tanh(s_raw / c), s = c t (or s = s_raw), P = exp(s - lse),
+    Delta = dO.O - dlse, dP = dO.v, dS = P (dP - Delta), u = 1 - t^2 (or 1), the backward is
+    dq = scale dS u k, dk = scale (dS u)^T q, dv = P^T dO, dsinks = -sum exp(sink - lse) Delta.
+    For cotangents A, B, C, e of (dq, dk, dv, dsinks):
+        R = scale (A.k + q.B), W = u R, X = dO.C, Y = W (dP - Delta) + X, sigma = exp(sink - lse)
+        gDelta = -sum_j W P - e sigma;      g_s_raw = Y P u - 2 t u dS R / c
+        g_q = scale (g_s_raw k + dS u B),   g_k = scale (g_s_raw^T q + (dS u)^T A)
+        g_v = (W P)^T dO,                   g_dO = (W P) v + P C + gDelta O
+        g_O = gDelta dO,  g_dlse = -gDelta, g_lse = -sum_j Y P + e sigma Delta,
+        g_sinks = -e sum sigma Delta.
+    """
+    acc = reference.accum_dtype(q.dtype)
+    chunk = chunk or reference.DEFAULT_CHUNK
+    b, sq, h, d = q.shape
+    hkv = k.shape[2]
+    grp = h // hkv
+
+    def group(x):  # (b, s, h, d) -> (b, s, hkv, g, d)
+        return x.to(acc).reshape(x.shape[0], x.shape[1], hkv, grp, x.shape[-1])
+
+    def rows(x):  # (b, h, s) -> (b, hkv, g, s)
+        return x.to(acc).reshape(b, hkv, grp, -1)
+
+    kf, vf, Bf, Cf = (x.to(acc) for x in (k, v, B, C))
+    lse_g = rows(lse)
+    delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # (b, h, sq)
+    if dlse is not None:
+        delta = delta - dlse.to(acc)
+    delta_g = rows(delta)
+    sink = None if sinks is None else sinks.to(acc).reshape(1, hkv, grp, 1)
+    e_g = None if e is None else e.to(acc).reshape(1, hkv, grp, 1)
+
+    g_q = torch.zeros(b, sq, hkv, grp, d, dtype=acc, device=q.device)
+    g_dout = torch.zeros(b, sq, hkv, grp, v.shape[-1], dtype=acc, device=q.device)
+    g_delta = torch.zeros(b, hkv, grp, sq, dtype=acc, device=q.device)
+    g_lse = torch.zeros(b, hkv, grp, sq, dtype=acc, device=q.device)
+    g_k = torch.zeros_like(kf)
+    g_v = torch.zeros_like(vf)
+    for start in range(0, sq, chunk):
+        stop = min(start + chunk, sq)
+        qc, doc, Ac = group(q[:, start:stop]), group(dout[:, start:stop]), group(A[:, start:stop])
+        s_raw = torch.einsum("bqhgd,bkhd->bhgqk", qc, kf) * scale
+        t = u = None
+        s = s_raw
+        if softcap > 0:
+            t = torch.tanh(s_raw / softcap)
+            s = softcap * t
+            u = 1 - t * t
+        vis = reference.visible_mask(torch.arange(start, stop, device=q.device), k.shape[1], sq, window)
+        if vis is not None:
+            s = s.masked_fill(~vis, float("-inf"))
+        lc = lse_g[..., start:stop, None]
+        finite = torch.isfinite(lc)
+        p = torch.where(finite, torch.exp(s - torch.where(finite, lc, torch.zeros_like(lc))), torch.zeros_like(s))
+        dc = delta_g[..., start:stop, None]
+        dp = torch.einsum("bqhgd,bkhd->bhgqk", doc, vf)
+        ds = p * (dp - dc)
+        r = scale * (torch.einsum("bqhgd,bkhd->bhgqk", Ac, kf) + torch.einsum("bqhgd,bkhd->bhgqk", qc, Bf))
+        w = r if u is None else u * r
+        wp = w * p
+        y = w * (dp - dc) + torch.einsum("bqhgd,bkhd->bhgqk", doc, Cf)
+        gs = y * p
+        g_sraw = gs if u is None else gs * u - (2.0 / softcap) * t * u * ds * r
+        ds_raw = ds if u is None else ds * u
+        gd = -wp.sum(-1)
+        gl = -gs.sum(-1)
+        if sink is not None:
+            sigma = torch.exp(sink - torch.where(finite[..., 0], lc[..., 0], torch.zeros_like(lc[..., 0])))
+            sigma = torch.where(finite[..., 0], sigma, torch.zeros_like(sigma))
+            gd = gd - e_g * sigma
+            gl = gl + e_g * sigma * dc[..., 0]
+        g_delta[..., start:stop] = gd
+        g_lse[..., start:stop] = torch.where(finite[..., 0], gl, torch.zeros_like(gl))
+        g_q[:, start:stop] = scale * (
+            torch.einsum("bhgqk,bkhd->bqhgd", g_sraw, kf) + torch.einsum("bhgqk,bkhd->bqhgd", ds_raw, Bf)
+        )
+        g_k += scale * (torch.einsum("bhgqk,bqhgd->bkhd", g_sraw, qc) + torch.einsum("bhgqk,bqhgd->bkhd", ds_raw, Ac))
+        g_v += torch.einsum("bhgqk,bqhgd->bkhd", wp, doc)
+        g_dout[:, start:stop] = torch.einsum("bhgqk,bkhd->bqhgd", wp, vf) + torch.einsum("bhgqk,bkhd->bqhgd", p, Cf)
+    # Delta = dO.O - dlse
+    g_delta_bsh = g_delta.reshape(b, h, sq).transpose(1, 2)[..., None]  # (b, sq, h, 1)
+    g_dout = g_dout.reshape(b, sq, h, -1) + g_delta_bsh * out.to(acc)
+    g_out = g_delta_bsh * dout.to(acc)
+    g_dlse = None if dlse is None else (-g_delta.reshape(b, h, sq)).to(dlse.dtype)
+    g_sinks = None
+    if sink is not None:
+        sigma_all = torch.exp(sink - torch.where(torch.isfinite(lse_g), lse_g, torch.zeros_like(lse_g)))
+        sigma_all = torch.where(torch.isfinite(lse_g), sigma_all, torch.zeros_like(sigma_all))
+        g_sinks = (-(e_g * sigma_all * delta_g).sum(dim=(0, 3))).reshape(h).to(sinks.dtype)
+    return (
+        g_dout.to(dout.dtype),
+        g_dlse,
+        g_q.reshape(b, sq, h, d).to(q.dtype),
+        g_k.to(k.dtype),
+        g_v.to(v.dtype),
+        g_out.to(out.dtype),
+        g_lse.reshape(b, h, sq).to(lse.dtype),
+        g_sinks,
+    )
 
 
 # --- autograd -------------------------------------------------------------------------------
+
+
+def _plain_eager(*tensors) -> bool:
+    """True when nothing is tracing or intercepting this call: plain eager tensors, no modes.
+
+    Then the custom-op dispatcher (tens of microseconds of Python per call) can be skipped in
+    favour of calling the same implementations through ``torch.autograd.Function``.  Any
+    compile / export / fake-tensor / functorch / subclass context takes the custom op.
+    """
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return False
+    if torch._C._is_torch_function_mode_enabled():
+        return False
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    return all(t is None or type(t) in _PLAIN for t in tensors)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FAST_DEVICES = ("cpu", "cuda")  # others (meta, ...) go through the op and its fake impl
+
+
+def _bwd(dout, dlse, q, k, v, out, lse, sinks, *args):
+    # Grad mode is on in a backward only for create_graph=True: then the op, whose own
+    # autograd (bwd_bwd) makes double backward work.
+    if not torch.is_grad_enabled() and q.device.type in _FAST_DEVICES and _plain_eager(dout, dlse, q, k, v, out, lse, sinks):
+        return _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, *args)
+    return attention_bwd(dout, dlse, q, k, v, out, lse, sinks, *args)
 
 
 def _setup_fwd(ctx, inputs, output):
@@ -201,7 +320,7 @@ def _backward_fwd(ctx, dout, dlse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
     if dout is None:  # only lse was used downstream
         dout = torch.zeros_like(out)
-    dq, dk, dv, dsinks = attention_bwd(dout, dlse, q, k, v, out, lse, sinks, *ctx.args)
+    dq, dk, dv, dsinks = _bwd(dout, dlse, q, k, v, out, lse, sinks, *ctx.args)
     return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None, None
 
 
@@ -216,6 +335,8 @@ def _setup_bwd(ctx, inputs, output):
 
 def _backward_bwd(ctx, grad_dq, grad_dk, grad_dv, grad_dsinks):
     dout, dlse, q, k, v, out, lse, sinks = ctx.saved_tensors
+    if grad_dsinks is None or sinks is None:
+        grad_dsinks = q.new_empty(0)
     grads = attention_bwd_bwd(grad_dq, grad_dk, grad_dv, grad_dsinks, dout, dlse, q, k, v, out, lse, sinks, *ctx.args)
     g_dout, g_dlse, g_q, g_k, g_v, g_out, g_lse, g_sinks = grads
     return (
@@ -238,6 +359,31 @@ def _backward_bwd(ctx, grad_dq, grad_dk, grad_dv, grad_dsinks):
 attention_bwd.register_autograd(_backward_bwd, setup_context=_setup_bwd)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """Eager fast path: the same implementations and backward as ``flashtile::fwd``.
+
+    Old-style ``forward(ctx, ...)`` on purpose: with a separate ``setup_context``,
+    ``Function.apply`` binds arguments through ``inspect.signature`` on every call (~70 us).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
+        inputs = (q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic)
+        output = _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap)
+        _setup_fwd(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward_fwd)
+
+
 def attention(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
-    """Differentiable (out, lse) through the custom op."""
-    return attention_fwd(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic)
+    """Differentiable (out, lse).
+
+    Traced (torch.compile, export, fake tensors, functorch, subclasses): the ``flashtile::fwd``
+    custom op, one opaque node.  Plain eager: ``_EagerAttention``, which runs the same
+    implementation and backward without the custom-op dispatcher's per-call Python overhead.
+    """
+    args = (q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic)
+    if q.device.type in _FAST_DEVICES and _plain_eager(q, k, v, sinks):
+        return _EagerAttention.apply(*args)
+    return attention_fwd(*args)

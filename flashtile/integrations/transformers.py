@@ -1,0 +1,381 @@
+"""Hugging Face ``transformers`` backend: ``attn_implementation="tile_attention"``.
+
+    import flashtile.integrations.transformers as ft_hf
+    name = ft_hf.register()                      # "tile_attention"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name)
+
+``register()`` adds two functions to transformers' global registries:
+
+- ``attention_forward`` to ``AttentionInterface``: the attention itself, through
+  ``flashtile.flash_attn_func``;
+- ``attention_mask`` to ``AttentionMaskInterface``: the mask builder.  Like flash-attn's, it
+  returns ``None``, because flashtile builds causal / sliding-window masks from the model's
+  arguments; before doing so it checks that the mask the model asked for is one flashtile
+  computes exactly, and raises otherwise.
+
+Why not the name "flashtile": transformers (5.x) treats every implementation name containing
+"flash" as a flash-attn package or Hub kernel and tries to import it when the model is built
+(``is_flash_attention_requested`` / ``lazy_import_flash_attention``), which fails for any
+other library.  ``register`` refuses such names for that reason.
+
+Argument mapping (transformers -> ``flash_attn_func``):
+
+- query/key/value (batch, heads, seq, dim) -> transposed views (batch, seq, heads, dim); GQA
+  is passed through without repeating kv heads (same head grouping as ``repeat_kv``);
+- ``scaling`` -> ``softmax_scale``; ``softcap`` (Gemma 2) -> ``softcap``; ``s_aux`` (gpt-oss
+  sinks) -> ``sinks``;
+- ``is_causal`` kwarg, else ``module.is_causal`` (default True) -> ``causal``;
+- ``sliding_window=w`` -> ``window_size=(w - 1, w - 1)``, exactly transformers' flash-attention
+  convention (``_process_flash_attention_kwargs``); with causal the right side is 0, so a
+  query sees itself and the ``w - 1`` keys before it, as the eager mask
+  ``kv_idx > q_idx - w`` does.  Models adapt the value they pass to that convention (e.g.
+  ModernBERT passes ``config.sliding_window + 1`` for its symmetric window);
+- ``deterministic`` kwarg, else ``torch.are_deterministic_algorithms_enabled()``.
+
+Refused with an error instead of being ignored:
+
+- padding: a 2D ``attention_mask`` containing a 0 (ValueError); flashtile has no varlen path
+  yet, so a padded batch would attend to pad tokens;
+- any 4D mask that is not exactly the causal / sliding-window pattern computed here;
+- packed sequences (``position_ids`` restarting inside a row), block-wise / chunked patterns
+  beyond the chunk, custom ``or_mask_function`` / ``and_mask_function`` overlays, and mask
+  functions this module does not recognise (NotImplementedError);
+- KV caches whose keys include unfilled slots (static caches), paged caches, and
+  ``cu_seq_lens_*`` varlen kwargs (NotImplementedError);
+- attention dropout > 0 while the module is training (NotImplementedError);
+- ``output_attentions=True`` (ValueError): flashtile never materialises the probabilities.
+
+Under ``torch.compile`` / ``torch.export`` the value checks (padding, packing, non-None
+masks) become ``torch._assert_async`` nodes, so they do not break the graph and still fail
+loudly at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import transformers
+from transformers import masking_utils
+
+from ..interface import flash_attn_func
+from ..reference import visible_mask
+
+__all__ = ["ATTN_IMPLEMENTATION", "register", "attention_forward", "attention_mask"]
+
+ATTN_IMPLEMENTATION = "tile_attention"
+
+_HINT = "use attn_implementation='sdpa' or 'eager' for this input"
+
+
+def _tracing(t: Optional[torch.Tensor] = None) -> bool:
+    try:
+        from transformers.utils.import_utils import is_tracing
+
+        return bool(is_tracing(t))
+    except ImportError:  # older transformers
+        return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def _require_all(cond: torch.Tensor, make_error) -> None:
+    """Raise ``make_error()`` unless the boolean tensor ``cond`` is all True.
+
+    Eager: a Python check (one sync).  Traced: ``torch._assert_async`` (no graph break, still
+    fails at run time, with a device-side assert on CUDA).
+    """
+    if _tracing(cond):
+        torch._assert_async(cond.all(), str(make_error()))
+    elif not bool(cond.all()):
+        raise make_error()
+
+
+# --- mask function: which transformers mask patterns flashtile reproduces ----------------------
+
+
+def _code_of(factory, *args):
+    try:
+        return factory(*args).__code__
+    except Exception:  # noqa: BLE001 - a helper missing or changed in this transformers version
+        return None
+
+
+def _known_codes() -> tuple:
+    """((kind, code object), ...) of transformers' mask-function building blocks."""
+    mu = masking_utils
+    dummy = torch.zeros(1, 1, dtype=torch.long)
+    codes = {
+        "causal": getattr(getattr(mu, "causal_mask_function", None), "__code__", None),
+        "bidirectional": getattr(getattr(mu, "bidirectional_mask_function", None), "__code__", None),
+        "and": _code_of(getattr(mu, "and_masks", None), lambda *a: True),
+        "or": _code_of(getattr(mu, "or_masks", None), lambda *a: True),
+        "sliding": _code_of(getattr(mu, "sliding_window_overlay", None), 1),
+        "sliding_bidirectional": _code_of(getattr(mu, "sliding_window_bidirectional_overlay", None), 1),
+        "chunked": _code_of(getattr(mu, "chunked_overlay", None), 1, dummy[0]),
+        "packed": _code_of(getattr(mu, "packed_sequence_mask_function", None), dummy),
+        "packed_remap": _code_of(getattr(mu, "remap_positions_for_packed_sequence", None), lambda *a: True, dummy),
+        "blockwise": _code_of(getattr(mu, "blockwise_overlay", None), dummy),
+        "padding": _code_of(getattr(mu, "padding_mask_function", None), dummy),
+    }
+    return tuple((kind, code) for kind, code in codes.items() if code is not None)
+
+
+_KNOWN = _known_codes()  # built at import, outside any tracing
+
+
+def _kind(fn) -> str:
+    code = getattr(fn, "__code__", None)
+    for kind, known in _KNOWN:
+        if code is known:
+            return kind
+    return "unknown"
+
+
+def _walk(fn, seen=None):
+    """Yield (kind, function) for ``fn`` and every mask function captured in its closure."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return
+    seen.add(id(fn))
+    yield _kind(fn), fn
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # empty cell
+            continue
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            if callable(item) and hasattr(item, "__code__"):
+                yield from _walk(item, seen)
+
+
+def _unsupported(kind: str, fn) -> NotImplementedError:
+    what = {
+        "blockwise": "block-wise masks (bidirectional blocks, e.g. over image tokens)",
+        "or": "block-wise or custom (or_mask_function) mask overlays",
+        "padding": "padding masks inside the mask function",
+        "packed": "packed sequences (position_ids restarting inside a row), which need a varlen kernel,",
+    }.get(kind, f"the mask function {getattr(fn, '__qualname__', fn)!r}")
+    return NotImplementedError(
+        f"flashtile: {what} are not supported; flashtile computes causal / sliding-window masks only; {_HINT}"
+    )
+
+
+def _check_chunk(config, kv_end: int) -> None:
+    chunk = getattr(config, "attention_chunk_size", None)
+    if chunk is None or kv_end > chunk:
+        raise NotImplementedError(
+            f"flashtile: chunked attention (attention_chunk_size={chunk}) over {kv_end} tokens is not "
+            f"supported (only sequences within one chunk, where it is plain causal); {_HINT}"
+        )
+
+
+def _check_pattern(mask_function, kv_length, kv_offset, config, local_size, tracing: bool) -> None:
+    """Refuse mask patterns other than causal, bidirectional and (causal or symmetric) sliding window.
+
+    Eager: walk the mask function's closure tree (transformers composes patterns from small
+    closures) and refuse every building block flashtile does not reproduce.  Traced: dynamo
+    cannot read closures built inside the graph, so only the outermost function is checked
+    (``or_masks`` means a block-wise / custom overlay); packing is then checked on
+    ``position_ids`` by ``attention_forward`` and chunking through the config.
+    """
+    if tracing:
+        kind = _kind(mask_function)
+        if kind in ("causal", "bidirectional"):
+            return
+        if kind == "and":
+            chunk = getattr(config, "attention_chunk_size", None)
+            if chunk is not None and local_size == chunk:
+                _check_chunk(config, kv_length + kv_offset)
+            return
+        raise _unsupported(kind, mask_function)
+    for kind, fn in _walk(mask_function):
+        if kind in ("causal", "bidirectional", "and", "or", "sliding", "sliding_bidirectional", "packed_remap"):
+            continue  # "or" alone is harmless; what it combines is checked on its own
+        if kind == "chunked":
+            _check_chunk(config, kv_length + kv_offset)
+            continue
+        # "packed": transformers adds it in eager mode only when position_ids really restart.
+        raise _unsupported(kind, fn)
+
+
+def attention_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: Optional[torch.Tensor] = None,
+    use_vmap: bool = False,
+    config=None,
+    **kwargs,
+) -> None:
+    """transformers mask function for flashtile: validate, then return None (no mask tensor).
+
+    flashtile derives the mask from ``is_causal`` / ``sliding_window`` in the attention call,
+    so this only checks that the requested pattern is one of those and raises otherwise.
+    """
+    if use_vmap:
+        raise NotImplementedError(
+            "flashtile: custom mask overlays (or_mask_function / and_mask_function, e.g. bidirectional "
+            f"attention over image tokens) are not supported; {_HINT}"
+        )
+    tracing = _tracing(attention_mask)
+    if mask_function is not None:
+        _check_pattern(mask_function, kv_length, kv_offset, config, kwargs.get("local_size"), tracing)
+    if isinstance(q_offset, torch.Tensor):
+        raise NotImplementedError(
+            "flashtile: static KV caches are not supported (their keys include unfilled slots that only "
+            f"a mask hides); use the default DynamicCache or {_HINT}"
+        )
+    if q_offset + q_length != kv_offset + kv_length:
+        raise NotImplementedError(
+            f"flashtile: the keys (positions {kv_offset}..{kv_offset + kv_length - 1}) do not end at the last "
+            f"query (position {q_offset + q_length - 1}), as with the unfilled slots of a static KV cache; "
+            f"flashtile needs them to end together (e.g. DynamicCache), or {_HINT}"
+        )
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"flashtile: expected a 2D padding mask (batch, seq), got shape {tuple(attention_mask.shape)}"
+            )
+        _require_all(
+            attention_mask.bool(),
+            lambda: ValueError(
+                "flashtile: attention_mask contains padding (zeros); flashtile has no varlen path yet, so "
+                f"padded tokens would be attended to. Run without padding (e.g. batch size 1 or equal lengths), or {_HINT}"
+            ),
+        )
+    return None
+
+
+# --- attention function -----------------------------------------------------------------------
+
+
+def _check_dense_mask(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, window, device) -> None:
+    """A mask passed to the attention function is accepted only if it equals flashtile's own."""
+    if mask.dim() != 4 or mask.shape[-2:] != (seqlen_q, seqlen_k):
+        raise ValueError(
+            "flashtile: got an attention mask of shape "
+            f"{tuple(mask.shape)}; only None or a 4D mask equal to the causal / sliding-window pattern "
+            f"(batch, 1, {seqlen_q}, {seqlen_k}) is supported; {_HINT}"
+        )
+    vis = visible_mask(torch.arange(seqlen_q, device=device), seqlen_k, seqlen_q, window)
+    if vis is None:
+        vis = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if mask.dtype == torch.bool:
+        keep = mask
+        ok = keep == vis
+    else:  # additive: 0 where kept, a huge negative value (or -inf) where dropped
+        threshold = torch.finfo(mask.dtype).min / 2
+        ok = torch.where(vis, mask == 0, mask <= threshold)
+    _require_all(
+        ok,
+        lambda: ValueError(
+            "flashtile: the attention mask is not the plain causal / sliding-window pattern (padding or a "
+            f"custom mask); flashtile computes its masks itself and cannot apply this one; {_HINT}"
+        ),
+    )
+
+
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "cu_seqlens", "max_seqlen")
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    s_aux: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: (batch, heads, seq, dim) in, (batch, seq, heads, dim_v) out."""
+    if kwargs.get("output_attentions", False):
+        raise ValueError("flashtile: output_attentions=True is not supported (probabilities are never materialised); use attn_implementation='eager'")
+    for name in _VARLEN_KWARGS:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"flashtile: varlen / padding-free inputs ({name}) are not supported yet; {_HINT}")
+    if kwargs.get("cache") is not None:
+        raise NotImplementedError(f"flashtile: paged KV caches (continuous batching) are not supported; {_HINT}")
+    if kwargs.get("position_bias") is not None:
+        raise NotImplementedError(f"flashtile: additive position_bias is not supported; {_HINT}")
+    if dropout and dropout > 0 and getattr(module, "training", True):
+        raise NotImplementedError(
+            f"flashtile: attention dropout ({dropout}) is not supported; set the config's attention_dropout to 0 "
+            "or call model.eval()"
+        )
+
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    window = (-1, -1)
+    if sliding_window is not None:
+        if not isinstance(sliding_window, int) or sliding_window < 1:
+            raise ValueError(f"flashtile: sliding_window must be a positive int, got {sliding_window!r}")
+        window = (sliding_window - 1, sliding_window - 1)  # transformers' flash-attention convention
+    softcap = 0.0 if softcap is None else float(softcap)
+    deterministic = kwargs.get("deterministic")
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+
+    position_ids = kwargs.get("position_ids")
+    if (
+        isinstance(position_ids, torch.Tensor)
+        and position_ids.dim() == 2
+        and position_ids.shape[-1] == query.shape[2] > 1
+        and _tracing(query)
+    ):
+        # Traced, transformers cannot tell packed rows from plain ones (see _check_pattern).
+        _require_all(position_ids[:, 1:] - position_ids[:, :-1] == 1, lambda: _unsupported("packed", None))
+
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    if attention_mask is not None:
+        folded = (window[0], 0) if is_causal else window
+        _check_dense_mask(attention_mask, q.shape[1], k.shape[1], folded, q.device)
+
+    out = flash_attn_func(
+        q,
+        k,
+        v,
+        softmax_scale=scaling,
+        causal=bool(is_causal),
+        window_size=window,
+        sinks=s_aux,
+        softcap=softcap,
+        deterministic=bool(deterministic),
+    )
+    return out, None
+
+
+def register(name: str = ATTN_IMPLEMENTATION) -> str:
+    """Register flashtile with transformers' attention and mask registries under ``name``.
+
+    Afterwards ``from_pretrained(..., attn_implementation=name)``, ``from_config(...)`` and
+    ``model.set_attn_implementation(name)`` use it.  Idempotent.  Returns ``name``.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    _refuse_flash_like(name)
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, attention_mask)
+    return name
+
+
+def _refuse_flash_like(name: str) -> None:
+    try:
+        from transformers.utils.generic import is_flash_attention_requested
+    except ImportError:  # older transformers: no such routing
+        return
+    if is_flash_attention_requested(requested_attention_implementation=name) or "/" in name:
+        raise ValueError(
+            f"flashtile: cannot register under {name!r}: transformers {transformers.__version__} treats names "
+            "containing 'flash' (or 'org/repo') as flash-attn packages / Hub kernels and tries to import them. "
+            f"Use the default {ATTN_IMPLEMENTATION!r} or another name."
+        )

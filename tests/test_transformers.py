@@ -1,0 +1,298 @@
+"""Hugging Face transformers integration on CPU: tiny random models built in code (no
+downloads), flashtile against transformers' own eager attention, logits and gradients.
+
+Sequences are longer than the sliding windows, so the window convention is exercised (an
+off-by-one in ``sliding_window -> window_size`` makes these tests fail).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: E402
+
+import flashtile.integrations.transformers as ft_hf  # noqa: E402
+
+NAME = ft_hf.register()
+SEQ = 24  # > every sliding window below
+
+
+def _llama():
+    return transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+
+
+def _mistral():
+    return transformers.MistralConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=5, max_position_embeddings=64,
+    )
+
+
+def _gemma2():
+    # Alternating sliding / full layers, logit softcapping, and a query scale that is not
+    # 1/sqrt(head_dim) (query_pre_attn_scalar), so `scaling` is really passed through.
+    return transformers.Gemma2Config(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
+        attn_logit_softcapping=5.0, final_logit_softcapping=30.0, query_pre_attn_scalar=24,
+        max_position_embeddings=64,
+    )
+
+
+def _gpt_oss():
+    return transformers.GptOssConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5,
+        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    )
+
+
+def _modernbert():
+    # Encoder: is_causal=False, symmetric local attention (passes sliding_window + 1).
+    return transformers.ModernBertConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, local_attention=8, global_attn_every_n_layers=3,
+        max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        cls_token_id=1, sep_token_id=2,
+    )
+
+
+CONFIGS = {
+    "llama_gqa": (_llama, AutoModelForCausalLM),
+    "mistral_sliding": (_mistral, AutoModelForCausalLM),
+    "gemma2_softcap_sliding": (_gemma2, AutoModelForCausalLM),
+    "gpt_oss_sinks": (_gpt_oss, AutoModelForCausalLM),
+    "modernbert_bidirectional_local": (_modernbert, AutoModelForMaskedLM),
+}
+
+
+def _pair(make_config, auto, impl=NAME):
+    """(eager model, flashtile model) with identical weights; each gets its own config copy."""
+    cfg = make_config()
+    torch.manual_seed(0)
+    ref = auto.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    for name, p in ref.named_parameters():
+        if name.endswith("sinks"):  # default init is ~0; make the sinks matter
+            with torch.no_grad():
+                p.normal_(0.0, 1.0)
+    ours = auto.from_config(copy.deepcopy(cfg), attn_implementation=impl)
+    ours.load_state_dict(ref.state_dict())
+    assert ref.config._attn_implementation == "eager"
+    assert ours.config._attn_implementation == impl
+    return ref, ours
+
+
+def _ids(batch=2, seq=SEQ):
+    return torch.randint(3, 96, (batch, seq))
+
+
+def _close(got, want, rel=1e-5):
+    scale = want.abs().max().item() + 1e-12
+    torch.testing.assert_close(got, want, atol=rel * scale, rtol=0)
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_logits_and_gradients_match_eager(case):
+    ref, ours = _pair(*CONFIGS[case])
+    ids = _ids()
+    want, got = ref(ids).logits, ours(ids).logits
+    _close(got, want)
+    w = torch.randn_like(want)
+    (want * w).sum().backward()
+    (got * w).sum().backward()
+    checked = 0
+    for (name, p_ref), (_, p_ours) in zip(ref.named_parameters(), ours.named_parameters()):
+        if p_ref.grad is None:
+            assert p_ours.grad is None, name
+            continue
+        _close(p_ours.grad, p_ref.grad, rel=1e-4)
+        checked += 1
+    assert checked > 5
+
+
+@pytest.mark.parametrize("case", ["mistral_sliding", "gpt_oss_sinks"])
+def test_greedy_generation_with_cache_matches_eager(case):
+    """Decoding runs past the sliding window, so the sliding cache's key offsets are used."""
+    ref, ours = _pair(*CONFIGS[case])
+    ref.eval(), ours.eval()
+    prompt = _ids(batch=1, seq=6)
+    kwargs = dict(max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    torch.testing.assert_close(ours.generate(prompt, **kwargs), ref.generate(prompt, **kwargs), atol=0, rtol=0)
+
+
+def test_compiled_training_step_fullgraph_matches_eager():
+    _, ours = _pair(_mistral, AutoModelForCausalLM)
+    ids = _ids()
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    got = compiled(ids, use_cache=False).logits
+    got.float().square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in ours.named_parameters()}
+    ours.zero_grad()
+    want = ours(ids, use_cache=False).logits
+    want.float().square().mean().backward()
+    _close(got, want)
+    for n, p in ours.named_parameters():
+        _close(grads[n], p.grad, rel=1e-4)
+    # Value checks survive compilation as runtime asserts (no graph break).
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    with pytest.raises(RuntimeError, match="padding"):
+        compiled(ids, attention_mask=mask, use_cache=False)
+
+
+# --- what is refused, and how ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama():
+    ref, ours = _pair(_llama, AutoModelForCausalLM)
+    return ref.eval(), ours.eval()
+
+
+def test_all_ones_padding_mask_and_causal_4d_mask_are_accepted(llama):
+    ref, ours = llama
+    ids = _ids(seq=8)
+    want = ref(ids).logits
+    _close(ours(ids, attention_mask=torch.ones_like(ids)).logits, want)
+    causal = torch.tril(torch.ones(8, 8, dtype=torch.bool))[None, None].expand(2, 1, 8, 8)
+    _close(ours(ids, attention_mask=causal).logits, want)
+    additive = torch.where(causal, 0.0, torch.finfo(torch.float32).min)
+    _close(ours(ids, attention_mask=additive).logits, want)
+
+
+def test_padding_is_refused(llama):
+    _, ours = llama
+    ids = _ids(seq=8)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    with pytest.raises(ValueError, match="padding"):
+        ours(ids, attention_mask=mask)
+
+
+def test_custom_4d_mask_is_refused(llama):
+    _, ours = llama
+    ids = _ids(seq=8)
+    mask = torch.tril(torch.ones(8, 8, dtype=torch.bool))[None, None].expand(2, 1, 8, 8).clone()
+    mask[0, 0, 5, 2] = False
+    with pytest.raises(ValueError, match="not the plain causal"):
+        ours(ids, attention_mask=mask)
+
+
+def test_packed_sequences_are_refused(llama):
+    _, ours = llama
+    ids = _ids(batch=1, seq=8)
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
+    with pytest.raises(NotImplementedError, match="packed"):
+        ours(ids, position_ids=position_ids, use_cache=False)
+
+
+def test_static_cache_is_refused(llama):
+    _, ours = llama
+    prompt = _ids(batch=1, seq=6)
+    with pytest.raises(NotImplementedError, match="static"):
+        ours.generate(prompt, max_new_tokens=2, do_sample=False, cache_implementation="static", pad_token_id=0)
+
+
+def test_output_attentions_is_refused(llama):
+    _, ours = llama
+    with pytest.raises(ValueError, match="output_attentions"):
+        ours(_ids(seq=8), output_attentions=True)
+
+
+def test_dropout_is_refused_in_training_only():
+    cfg = _llama()
+    cfg.attention_dropout = 0.1
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=NAME)
+    model.train()
+    with pytest.raises(NotImplementedError, match="dropout"):
+        model(_ids(seq=8))
+    model.eval()  # eval: eager's dropout is a no-op too
+    model(_ids(seq=8))
+
+
+def test_register_refuses_names_transformers_routes_to_flash_attn():
+    with pytest.raises(ValueError, match="flash"):
+        ft_hf.register("flashtile")
+    assert ft_hf.register() == NAME  # idempotent
+
+
+# --- the attention function alone ---------------------------------------------------------------
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, is_causal=True):
+        super().__init__()
+        self.is_causal = is_causal
+
+
+def _bhsd(b=2, h=4, hkv=2, s=10, d=8, dtype=torch.float64):
+    return (
+        torch.randn(b, h, s, d, dtype=dtype),
+        torch.randn(b, hkv, s, d, dtype=dtype),
+        torch.randn(b, hkv, s, d, dtype=dtype),
+    )
+
+
+def _sdpa_masked(q, k, v, vis, scale):
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, scale=scale)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("module_causal,kwarg_causal,sliding", [
+    (True, None, None), (False, None, None), (True, False, None), (False, True, None),
+    (True, None, 4), (False, None, 4),
+])
+def test_attention_forward_mapping(module_causal, kwarg_causal, sliding):
+    q, k, v = _bhsd()
+    out, weights = ft_hf.attention_forward(
+        _Module(module_causal), q, k, v, None, scaling=0.3, sliding_window=sliding, is_causal=kwarg_causal
+    )
+    assert weights is None and out.shape == (2, 10, 4, 8)  # (batch, seq, heads, dim)
+    causal = module_causal if kwarg_causal is None else kwarg_causal
+    i, j = torch.arange(10)[:, None], torch.arange(10)[None, :]
+    vis = torch.ones(10, 10, dtype=torch.bool)
+    if causal:
+        vis &= j <= i
+    if sliding is not None:  # transformers' flash convention: (sliding - 1) on each side
+        vis &= (i - j).abs() <= sliding - 1
+    torch.testing.assert_close(out, _sdpa_masked(q, k, v, vis, 0.3), atol=1e-12, rtol=0)
+
+
+def test_attention_forward_keeps_kv_heads_and_layout(monkeypatch):
+    """GQA goes to flash_attn_func unexpanded, as (batch, seq, heads, dim) views."""
+    seen = {}
+    real = ft_hf.flash_attn_func
+
+    def spy(q, k, v, **kwargs):
+        seen.update(q=q.shape, k=k.shape, v=v.shape, kwargs=kwargs)
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(ft_hf, "flash_attn_func", spy)
+    q, k, v = _bhsd(h=8, hkv=2)
+    ft_hf.attention_forward(_Module(), q, k, v, None, scaling=0.3)
+    assert seen["q"] == (2, 10, 8, 8) and seen["k"] == (2, 10, 2, 8) and seen["v"] == (2, 10, 2, 8)
+    assert seen["kwargs"]["causal"] is True and seen["kwargs"]["softmax_scale"] == 0.3
+
+
+def test_attention_forward_sinks_and_softcap_match_eager_formula():
+    q, k, v = _bhsd()
+    sinks = torch.randn(4, dtype=q.dtype)
+    out, _ = ft_hf.attention_forward(_Module(), q, k, v, None, scaling=0.3, softcap=2.0, s_aux=sinks)
+    # gpt-oss / Gemma 2 eager: capped scores, causal mask, sink column in the softmax, dropped.
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = 2.0 * torch.tanh(q @ kk.transpose(-1, -2) * 0.3 / 2.0)
+    scores = scores.masked_fill(~torch.tril(torch.ones(10, 10, dtype=torch.bool)), float("-inf"))
+    logits = torch.cat([scores, sinks.reshape(1, 4, 1, 1).expand(2, 4, 10, 1)], dim=-1)
+    probs = logits.softmax(-1)[..., :-1]
+    torch.testing.assert_close(out, (probs @ vv).transpose(1, 2), atol=1e-12, rtol=0)
