@@ -29,6 +29,16 @@ def _fail(kind, arg: str, expected: str, given) -> None:
     raise kind(f"flash_attn_func: {arg} must be {expected}, got {given!r}" if isinstance(given, str) else f"flash_attn_func: {arg} must be {expected}, got {given}")
 
 
+def _is_real(x) -> bool:
+    """A Python or symbolic (torch.compile dynamic=True) number, not a bool."""
+    return isinstance(x, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(x, bool)
+
+
+def _finite(x) -> bool:
+    # Comparisons instead of math.isfinite: they also work on SymFloat without a graph break.
+    return x == x and -math.inf < x < math.inf
+
+
 def _check_tensor(name: str, x, rank: int) -> None:
     if not isinstance(x, torch.Tensor):
         _fail(TypeError, name, "a torch.Tensor", type(x).__name__)
@@ -63,16 +73,16 @@ def validate(q, k, v, softmax_scale, window_size, sinks, softcap) -> None:
     for name, dim in (("headdim", d), ("headdim_v", v.shape[3])):
         if not 1 <= dim <= MAX_HEADDIM:
             _fail(ValueError, name, f"between 1 and {MAX_HEADDIM}", dim)
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)):
+    if softmax_scale is not None and not (_is_real(softmax_scale) and _finite(softmax_scale)):
         _fail(TypeError, "softmax_scale", "None or a finite float", softmax_scale)
-    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(isinstance(w, int) for w in window_size)):
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(isinstance(w, (int, torch.SymInt)) and not isinstance(w, bool) for w in window_size)):
         _fail(TypeError, "window_size", "a pair of ints (left, right)", window_size)
     for side, w in zip(("left", "right"), window_size):
         if w < -1:
             _fail(ValueError, f"window_size {side}", ">= -1 (-1 = unbounded)", w)
-    if not isinstance(softcap, (int, float)):
+    if not _is_real(softcap):
         _fail(TypeError, "softcap", "a float", type(softcap).__name__)
-    if not math.isfinite(softcap) or softcap < 0:
+    if not _finite(softcap) or softcap < 0:
         _fail(ValueError, "softcap", "a finite float >= 0 (0 = off)", softcap)
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor):

@@ -229,11 +229,6 @@ def test_compile_dynamic_true_no_recompile():
     _assert_no_recompile(compiled, _seq_inputs, fn, [(5, 9), (11, 13), (17, 17)], backward=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="interface.validate calls math.isfinite on flash_attn_func's float defaults, which "
-    "torch.compile(dynamic=True) makes SymFloats (graph break); fix belongs in interface.py",
-)
 def test_compile_dynamic_true_with_defaults():
     fn = lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True)  # noqa: E731
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=True)
