@@ -18,6 +18,11 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str
     major, minor = torch.cuda.get_device_capability(q.device)
     if major != 9:
         return f"GPU {torch.cuda.get_device_name(q.device)} (sm_{major}{minor}); kernels are built for Hopper (sm_90)"
+    # Kernels index with 32-bit integers (TileLang's default); larger tensors would overflow.
+    out_numel = q.shape[0] * q.shape[1] * q.shape[2] * v.shape[-1]
+    for name, numel in (("q", q.numel()), ("k", k.numel()), ("v", v.numel()), ("out", out_numel)):
+        if numel >= 2**31:
+            return f"{name} with 2^31 or more elements (kernels index with 32 bits; split the batch)"
     for name, dim in (("headdim", q.shape[-1]), ("headdim_v", v.shape[-1])):
         if not configs.headdim_supported(dim):
             return f"{name}={dim} (kernels take multiples of {configs.HEADDIM_STEP} up to {configs.MAX_HEADDIM})"

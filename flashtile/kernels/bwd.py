@@ -316,7 +316,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     dv = debug.new_output(v.shape, v.dtype, v.device)
     lse = lse.contiguous()
 
-    if sq == 0 or sk == 0 or b == 0:
+    if sq == 0 or sk == 0 or b == 0 or h == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         dsinks = None if sinks is None else torch.zeros_like(sinks)
         return dq, dk, dv, dsinks
