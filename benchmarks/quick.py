@@ -14,8 +14,6 @@ import math
 import time
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashtile
 from flashtile import reference
@@ -60,35 +58,18 @@ def check(b, sq, sk, h, hkv, d, dv, dtype, causal=False, window=(-1, -1), sinks=
     return ok
 
 
-def bench(d, seqlen, causal, hkv_ratio=1, dtype=torch.bfloat16, total=16384):
-    from triton.testing import do_bench
+def bench(d, seqlen, causal, hkv_ratio=1):
+    """One timing line: forward and backward against cuDNN (timing shared with tune.py)."""
+    from flashtile.flops import attention_flops
+    from tune import time_case
 
-    b = max(1, total // seqlen)
-    h = 2048 // d
-    hkv = h // hkv_ratio
-    q = torch.randn(b, seqlen, h, d, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(b, seqlen, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(b, seqlen, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
-    flops = 4 * b * h * seqlen * seqlen * d * (0.5 if causal else 1.0)
-    res = {}
-    out = flashtile.flash_attn_func(q, k, v, causal=causal)
-    dout = torch.randn_like(out)
-    res["ft_fwd"] = do_bench(lambda: flashtile.flash_attn_func(q, k, v, causal=causal), warmup=50, rep=200, return_mode="median")
-    res["ft_bwd"] = do_bench(lambda: torch.autograd.grad(out, [q, k, v], dout, retain_graph=True), warmup=50, rep=200, return_mode="median")
-    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        gqa = hkv != h
-        o2 = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
-        d2 = torch.randn_like(o2)
-        res["cu_fwd"] = do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa), warmup=50, rep=200, return_mode="median")
-        res["cu_bwd"] = do_bench(lambda: torch.autograd.grad(o2, [qt, kt, vt], d2, retain_graph=True), warmup=50, rep=200, return_mode="median")
-    f = lambda ms, mult: mult * flops / ms * 1e-9
-    print(
-        f"BENCH d{d} s{seqlen} b{b} h{h}/{hkv} c{int(causal)}: "
-        f"fwd ft {res['ft_fwd']:.3f}ms {f(res['ft_fwd'],1):.0f}TF cudnn {f(res['cu_fwd'],1):.0f}TF ratio {res['cu_fwd']/res['ft_fwd']:.3f} | "
-        f"bwd ft {res['ft_bwd']:.3f}ms {f(res['ft_bwd'],2.5):.0f}TF cudnn {f(res['cu_bwd'],2.5):.0f}TF ratio {res['cu_bwd']/res['ft_bwd']:.3f}",
-        flush=True,
-    )
+    b, h = max(1, 16384 // seqlen), 2048 // d
+    cols = []
+    for mode in ("fwd", "bwd"):
+        ms, ref = time_case(mode, d, seqlen, causal, gqa=hkv_ratio)
+        flops = attention_flops(b, h, seqlen, seqlen, d, causal=causal, mode=mode)
+        cols.append(f"{mode} ft {ms:.3f}ms {flops / ms * 1e-9:.0f}TF cudnn {flops / ref * 1e-9:.0f}TF ratio {ref / ms:.3f}")
+    print(f"BENCH d{d} s{seqlen} b{b} h{h}/{h // hkv_ratio} c{int(causal)}: " + " | ".join(cols), flush=True)
 
 
 SMALL = [

@@ -31,12 +31,10 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str
 
 def _prepare(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """Contiguous, 16-byte aligned copies where needed (TMA descriptors require both)."""
-    out = []
-    for x in tensors:
-        if not x.is_contiguous() or x.data_ptr() % 16:
-            x = x.contiguous() if not x.is_contiguous() else x.clone()
-        out.append(x)
-    return out
+    return [
+        x.clone(memory_format=torch.contiguous_format) if not x.is_contiguous() or x.data_ptr() % 16 else x
+        for x in tensors
+    ]
 
 
 def _require(q, k, v) -> None:

@@ -25,7 +25,7 @@ import tilelang
 import tilelang.language as T
 
 from .fwd import LOG2E, PASS_CONFIGS, TARGET
-from .masks import key_block_range, query_block_range, visible
+from .masks import block_fully_visible, key_block_range, query_block_range, visible
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -159,7 +159,8 @@ def attention_bwd_dkdv(
                         sT[i, j] = capT[i, j]
                 for i, j in T.Parallel(block_n, block_m):
                     sT[i, j] = T.exp2(sT[i, j] * score_scale - lse_s[j])
-                interior = (m0 + block_m <= Sq) and (last_col <= m0 + off + right) and (n0 >= m0 + block_m - 1 + off - left)
+                # Query rows past Sq are masked too (their lse/Delta are padding).
+                interior = T.And(m0 + block_m <= Sq, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, off, Sk, left, right))
                 if not interior:
                     for i, j in T.Parallel(block_n, block_m):
                         sT[i, j] = T.if_then_else(visible(m0 + j, n0 + i, off, Sk, left, right), sT[i, j], 0)
@@ -264,8 +265,7 @@ def attention_bwd_dq(
                         s[i, j] = cap[i, j]
                 for i, j in T.Parallel(block_m, block_n):
                     s[i, j] = T.exp2(s[i, j] * score_scale - lse[i])
-                interior = (n0 + block_n <= Sk) and (n0 + block_n - 1 <= m0 + off + right) and (n0 >= last_row + off - left)
-                if not interior:
+                if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
                     for i, j in T.Parallel(block_m, block_n):
                         s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], 0)
                 if has_softcap:

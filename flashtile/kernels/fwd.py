@@ -15,7 +15,7 @@ import tilelang
 import tilelang.language as T
 
 from .configs import ARCH
-from .masks import key_block_range, visible
+from .masks import block_fully_visible, key_block_range, visible
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -97,9 +97,7 @@ def attention_fwd_kernel(
                 if has_softcap:
                     for i, j in T.Parallel(block_m, block_n):
                         s[i, j] = T.tanh(s[i, j] * cap_in)
-                # Interior blocks are fully visible; only boundary blocks pay for the mask.
-                interior = (n0 + block_n <= Sk) and (n0 + block_n - 1 <= m0 + off + right) and (n0 >= last_row + off - left)
-                if not interior:
+                if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
                     for i, j in T.Parallel(block_m, block_n):
                         s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], neg_inf)
                 T.copy(m, m_prev)

@@ -25,6 +25,14 @@ def visible(row, col, off, Sk, left, right):
     return T.And(T.And(col < Sk, col <= row + off + right), col >= row + off - left)
 
 
+def block_fully_visible(last_row, col_lo, col_hi, m0, off, Sk, left, right):
+    """Every key in [col_lo, col_hi] is visible to every query row in [m0, last_row].
+
+    Such interior blocks skip the mask; only boundary blocks pay for the elementwise select.
+    """
+    return T.And(T.And(col_hi < Sk, col_hi <= m0 + off + right), col_lo >= last_row + off - left)
+
+
 def key_block_range(m0, block_m, block_n, Sq, Sk, left, right):
     """Key blocks that query rows [m0, m0 + block_m) can see: (first block, count, last row).
 
