@@ -10,6 +10,9 @@ launch) print one line and the sweep goes on.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -19,16 +22,41 @@ from triton.testing import do_bench
 import flashtile
 from flashtile.kernels import configs
 
+# (block_m, block_n, stages, threads, pingpong) for the forward; (block_n, block_m, stages,
+# threads) for the backward.  First entry of each list = the table's current choice.
 FWD = {
-    64: [(128, 128, 2, 256), (128, 64, 2, 256), (192, 128, 2, 384), (128, 176, 2, 256)],
-    128: [(128, 128, 2, 256), (128, 64, 3, 256), (128, 176, 2, 256), (192, 128, 1, 384), (128, 128, 1, 256)],
-    256: [(128, 64, 1, 256), (128, 64, 2, 256), (64, 64, 2, 128), (128, 32, 2, 256)],
+    64: [(192, 128, 2, 384, 0), (192, 128, 2, 384, 1), (128, 128, 2, 256, 1)],
+    128: [(128, 128, 2, 256, 0), (128, 128, 2, 256, 1), (128, 176, 2, 256, 0), (128, 176, 2, 256, 1)],
+    256: [(128, 80, 2, 256, 0), (128, 80, 2, 256, 1), (128, 64, 2, 256, 0)],
 }
 BWD = {
-    64: [(128, 64, 2, 256), (128, 128, 2, 256), (64, 64, 2, 128)],
-    128: [(128, 64, 2, 256), (64, 64, 2, 128), (128, 32, 2, 256), (64, 128, 2, 128)],
-    256: [(64, 64, 1, 128), (64, 64, 2, 128), (128, 64, 1, 256)],
+    64: [(128, 128, 1, 256), (128, 64, 2, 256), (128, 128, 2, 256)],
+    128: [(128, 64, 2, 256), (128, 64, 1, 256), (128, 64, 3, 256), (64, 64, 2, 128)],
+    256: [(64, 64, 1, 256), (64, 64, 1, 128)],
 }
+
+
+def make_config(which, cfg):
+    if which == "fwd":
+        return configs.FwdConfig(*cfg[:4], bool(cfg[4]) if len(cfg) > 4 else False)
+    return configs.BwdConfig(*cfg)
+
+
+def prebuild(which, d, cfg, det):
+    """Compile one candidate into TileLang's disk cache (runs in a worker process)."""
+    configs.overrides[which] = make_config(which, cfg)
+    try:
+        if which == "fwd":
+            from flashtile.kernels.fwd import get_forward_kernel
+
+            get_forward_kernel(d, d, "bfloat16", False, False)
+        else:
+            from flashtile.kernels.bwd import get_backward_kernels
+
+            get_backward_kernels(d, d, "bfloat16", False, False, det)
+        return f"built {which} d{d} {cfg}"
+    except Exception as e:
+        return f"TUNE {which} {cfg} d{d} BUILD FAILED {type(e).__name__}: {str(e)[:200]}"
 
 
 def time_case(which, d, s, causal, total=16384, dtype=torch.bfloat16, gqa=1, det=False):
@@ -62,19 +90,27 @@ def main():
     ap.add_argument("--gqa", type=int, default=1, help="nheads / nheads_kv")
     ap.add_argument("--det", action="store_true", help="deterministic backward")
     ap.add_argument("--only-first", action="store_true", help="first config of each head dim only")
+    ap.add_argument("--configs", nargs="*", default=None, help="e.g. 128,128,2,256,1 (replaces the lists above)")
+    ap.add_argument("--repeat", type=int, default=1, help="time the whole list this many times")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel prebuild processes")
     args = ap.parse_args()
     table = FWD if args.which == "fwd" else BWD
-    cls = configs.FwdConfig if args.which == "fwd" else configs.BwdConfig
+    todo = []
     for d in args.headdim:
-        for cfg in table[d][:1] if args.only_first else table[d]:
-            configs.overrides[args.which] = cls(*cfg)
-            for s in args.seqlen:
-                for causal in (False, True):
-                    try:
-                        ms, ref = time_case(args.which, d, s, causal, gqa=args.gqa, det=args.det)
-                        print(f"TUNE {args.which} gqa{args.gqa} det{int(args.det)} {cfg} d{d} s{s} c{int(causal)} {ms:.3f}ms ratio {ref / ms:.3f}", flush=True)
-                    except Exception as e:
-                        print(f"TUNE {args.which} {cfg} d{d} s{s} c{int(causal)} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
+        cands = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else table[d]
+        todo += [(d, cfg) for cfg in (cands[:1] if args.only_first else cands)]
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for line in pool.map(prebuild, *zip(*[(args.which, d, cfg, args.det) for d, cfg in todo])):
+            print(line, flush=True)
+    for d, cfg in todo * args.repeat:  # repeats interleave configs, so drift hits all alike
+        configs.overrides[args.which] = make_config(args.which, cfg)
+        for s in args.seqlen:
+            for causal in (False, True):
+                try:
+                    ms, ref = time_case(args.which, d, s, causal, gqa=args.gqa, det=args.det)
+                    print(f"TUNE {args.which} gqa{args.gqa} det{int(args.det)} {cfg} d{d} s{s} c{int(causal)} {ms:.3f}ms ratio {ref / ms:.3f}", flush=True)
+                except Exception as e:
+                    print(f"TUNE {args.which} {cfg} d{d} s{s} c{int(causal)} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
     configs.overrides.clear()
 
 

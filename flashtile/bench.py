@@ -463,6 +463,11 @@ def _compiled_flex(dynamic: bool):
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo_config, name):
             setattr(dynamo_config, name, max(getattr(dynamo_config, name), 256))
+    # The backward is timed with retain_graph=True (one forward, many backwards); a compiled
+    # backward that donates its saved buffers refuses that, so keep the buffers.
+    import torch._functorch.config as functorch_config
+
+    functorch_config.donated_buffer = False
     # dynamic=True: one compile per structure instead of one per shape (batch 1 adds one more).
     return torch.compile(flex_attention, dynamic=dynamic)
 

@@ -6,16 +6,23 @@ covers raises ``NotImplementedError`` naming it; there is no silent fallback to 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import configs
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)  # a driver query: once per device, not per call
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why no kernel runs this call, or None when one does."""
     if q.dtype not in configs.DTYPES:
         return f"dtype {q.dtype} on CUDA (kernels take float16 and bfloat16; cast, or use CPU tensors)"
-    major, minor = torch.cuda.get_device_capability(q.device)
+    major, minor = _capability(q.device)
     if major != 9:
         return f"GPU {torch.cuda.get_device_name(q.device)} (sm_{major}{minor}); kernels are built for Hopper (sm_90)"
     # Kernels index with 32-bit integers (TileLang's default); larger tensors would overflow.

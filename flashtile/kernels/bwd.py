@@ -96,6 +96,12 @@ def attention_bwd_dkdv(
     """
     B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
+    # A WGMMA warpgroup owns 64 rows of its tile.  When the key block is shorter than the
+    # consumer warpgroups stacked (d=256: 64 keys, but dK + dV need two warpgroups' registers)
+    # the warpgroups split columns instead, and P^T / dS^T go through shared memory: a
+    # column-split fragment cannot be the register A operand of the dV / dK GEMMs.
+    split_cols = block_n < 64 * (threads // 128)
+    policy = T.GemmWarpPolicy.FullCol if split_cols else T.GemmWarpPolicy.FullRow
 
     @T.prim_func
     def main(
@@ -122,11 +128,14 @@ def attention_bwd_dkdv(
             lse_s = T.alloc_shared([block_m], acc)
             delta_s = T.alloc_shared([block_m], acc)
             ds_s = T.alloc_shared([block_n, block_m], dtype)
+            if split_cols:
+                p_s = T.alloc_shared([block_n, block_m], dtype)
             dk_s = T.alloc_shared([block_n, dim], dtype)
             dv_s = T.alloc_shared([block_n, dim_v], dtype)
             sT = T.alloc_fragment([block_n, block_m], acc)
             dpT = T.alloc_fragment([block_n, block_m], acc)
-            pT = T.alloc_fragment([block_n, block_m], dtype)
+            if not split_cols:
+                pT = T.alloc_fragment([block_n, block_m], dtype)
             dsT = T.alloc_fragment([block_n, block_m], dtype)
             dk = T.alloc_fragment([block_n, dim], acc)
             dv = T.alloc_fragment([block_n, dim_v], acc)
@@ -152,7 +161,7 @@ def attention_bwd_dkdv(
                 m0 = (qb_lo + t % n_qblocks) * block_m
                 T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
                 T.copy(LSE2[b, h, m0 : m0 + block_m], lse_s)
-                T.gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=policy)
                 if has_softcap:
                     for i, j in T.Parallel(block_n, block_m):
                         capT[i, j] = T.tanh(sT[i, j] * cap_in)
@@ -166,9 +175,13 @@ def attention_bwd_dkdv(
                         sT[i, j] = T.if_then_else(visible(m0 + j, n0 + i, off, Sk, left, right), sT[i, j], 0)
                 T.copy(dO[b, m0 : m0 + block_m, h, :], do_s)
                 T.copy(Delta[b, h, m0 : m0 + block_m], delta_s)
-                T.gemm(v_s, do_s, dpT, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(sT, pT)
-                T.gemm(pT, do_s, dv, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(v_s, do_s, dpT, transpose_B=True, clear_accum=True, policy=policy)
+                if split_cols:
+                    T.copy(sT, p_s)
+                    T.gemm(p_s, do_s, dv, policy=policy)
+                else:
+                    T.copy(sT, pT)
+                    T.gemm(pT, do_s, dv, policy=policy)
                 # dS = P * (dP - Delta) * d(score)/d(q.k); softcap adds the factor 1 - tanh^2.
                 if has_softcap:
                     for i, j in T.Parallel(block_n, block_m):
@@ -176,9 +189,10 @@ def attention_bwd_dkdv(
                 else:
                     for i, j in T.Parallel(block_n, block_m):
                         dsT[i, j] = sT[i, j] * (dpT[i, j] - delta_s[j]) * sm_scale
-                T.gemm(dsT, q_s, dk, policy=T.GemmWarpPolicy.FullRow)
-                if with_dq:
+                if split_cols or with_dq:
                     T.copy(dsT, ds_s)
+                T.gemm(ds_s if split_cols else dsT, q_s, dk, policy=policy)
+                if with_dq:
                     T.gemm(ds_s, k_s, dq, transpose_A=True, clear_accum=True)
                     T.copy(dq, dq_s)
                     T.atomic_add(dQacc[b, m0 : m0 + block_m, h, :], dq_s, use_tma=True)
@@ -290,10 +304,10 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
     prep = cache.get(attention_bwd_preprocess, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap)
     cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window))
-    main = cache.get(attention_bwd_dkdv, with_dq=not deterministic, **static, **cfg.as_kwargs())
+    main = cache.get(attention_bwd_dkdv, cfg, with_dq=not deterministic, **static)
     dq = None
     if deterministic:
-        dq = cache.get(attention_bwd_dq, **static, **configs.bwd_dq_config(dim, dim_v, dtype).as_kwargs())
+        dq = cache.get(attention_bwd_dq, configs.bwd_dq_config(dim, dim_v, dtype), **static)
     return prep, main, dq
 
 

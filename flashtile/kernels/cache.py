@@ -17,18 +17,23 @@ _kernels: dict[tuple, Any] = {}
 builds: Counter = Counter()
 
 
-def get(builder: Callable, **static) -> Any:
-    """The compiled kernel for ``builder(**static)``; builds it on first use."""
-    name = getattr(builder, "__name__", None) or getattr(getattr(builder, "func", None), "__name__", repr(builder))
-    key = (name, tuple(sorted(static.items())))
+def get(builder: Callable, config: Any = None, **static) -> Any:
+    """The compiled kernel for ``builder(**static, **config.as_kwargs())``; builds it on first use.
+
+    This sits on every attention call, so the hit path is one dict lookup on a key of plain
+    hashables (``config`` is a frozen dataclass); names and dicts are made only when building.
+    """
+    key = (id(builder), config, *static.items())  # builders are module-level: ids are stable
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
             kernel = _kernels.get(key)
             if kernel is None:
-                kernel = builder(**static)
+                kwargs = {**static, **(config.as_kwargs() if config is not None else {})}
+                kernel = builder(**kwargs)
                 _kernels[key] = kernel
-                builds[key] += 1
+                name = getattr(builder, "__name__", None) or getattr(getattr(builder, "func", None), "__name__", "kernel")
+                builds[(name, tuple(sorted(kwargs.items())))] += 1
     return kernel
 
 

@@ -26,6 +26,7 @@ class FwdConfig:
     block_n: int  # keys per main-loop step
     num_stages: int  # K/V shared-memory pipeline depth
     threads: int  # consumer threads (auto warp specialisation adds a producer warpgroup)
+    pingpong: bool = False  # consumer warpgroups take turns on the tensor cores (FA3 ping-pong)
 
     def as_kwargs(self) -> dict:
         return asdict(self)
@@ -35,6 +36,17 @@ class FwdConfig:
 class BwdConfig:
     block_n: int  # keys per CTA (dK/dV rows kept in registers)
     block_m: int  # query rows per main-loop step
+    num_stages: int
+    threads: int
+
+    def as_kwargs(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DqConfig:
+    block_m: int  # query rows per CTA (dQ rows kept in registers)
+    block_n: int  # keys per main-loop step
     num_stages: int
     threads: int
 
@@ -64,12 +76,14 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig
     if widest <= 64:
         # Three consumer warpgroups: at d=64 the GEMMs are short, more rows per K/V tile
         # amortise the loads (H200: 0.94x cuDNN vs 0.83x with 128 rows, non-causal 4k).
+        # Ping-pong measured no gain here (0.93/0.82 vs 0.93/0.84 at 4k).
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384)
     if widest <= 128:
         # 128x176 measured within noise of 128x128 (H200, 4k/8k); 128x64x3 and 192x128 slower.
         return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256)
-    # d=192/256: 64 keys per step, two stages (H200 d=256: 0.86-0.88x vs 0.82-0.84x with one).
-    return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256)
+    # d=192/256: 80 keys per step, two stages (FA3's tile): H200 d=256 4k 0.94/0.92x cuDNN,
+    # against 0.84/0.85x with 64 keys; ping-pong lowered both.
+    return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256)
 
 
 def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> BwdConfig:
@@ -78,21 +92,26 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> BwdConfig
     if "bwd" in overrides:
         return overrides["bwd"]
     widest = max(dim, dim_v)
+    if widest <= 64:
+        # H200 d=64 4k: 0.70/0.73x cuDNN against 0.67/0.71x with 64 query rows per step.
+        return BwdConfig(block_n=128, block_m=128, num_stages=1, threads=256)
     if widest <= 128:
         # H200 d=128 4k: 0.82x cuDNN; 64x64/128 threads 0.45x, 128x32 0.53x (dQ GEMM M=32
         # cannot use WGMMA), 64x128 does not fit shared memory.
         return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256)
-    return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=128)
+    # d=256: 64 keys, two warpgroups splitting columns: 0.85x cuDNN at 4k (one warpgroup
+    # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).
+    return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)
 
 
-def bwd_dq_config(dim: int, dim_v: int, dtype: torch.dtype) -> FwdConfig:
+def bwd_dq_config(dim: int, dim_v: int, dtype: torch.dtype) -> DqConfig:
     """Tiles of the deterministic dQ kernel (query-block major, like the forward)."""
     if "bwd_dq" in overrides:
         return overrides["bwd_dq"]
     widest = max(dim, dim_v)
     if widest <= 128:
-        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256)
-    return FwdConfig(block_m=64, block_n=64, num_stages=1, threads=128)
+        return DqConfig(block_m=128, block_n=64, num_stages=2, threads=256)
+    return DqConfig(block_m=64, block_n=64, num_stages=1, threads=128)
 
 
 def all_structures():

@@ -1,0 +1,75 @@
+"""Where the host time of one small attention call goes (developer tool, run on the device).
+
+    python3 benchmarks/launch_overhead.py [--profile]
+
+Times, per call, on a tiny input where the GPU work is a few microseconds, so the figure is
+host time: each layer from ``flash_attn_func`` down to TileLang's compiled host function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+import flashtile
+from flashtile.kernels import debug, fwd
+from flashtile.kernels import forward as kernels_forward
+
+
+def per_call_us(fn, n=400):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    b, s, h, d = 1, 128, 4, 64
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    kernel = fwd.get_forward_kernel(d, d, "bfloat16", False, False)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, s, device="cuda")
+    sinks = debug.dummy_sinks(h, q.device)
+    scalars = (0.18, 0.0, 1 << 30, 1 << 30)
+    args_ = (q, k, v, out, lse, sinks, *scalars)
+    exe = kernel.adapter._get_executable()
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    rows = [
+        ("torch.empty x2 (allocation floor)", lambda: (torch.empty_like(q), torch.empty(b, h, s, device="cuda"))),
+        ("tvm-ffi executable(*args)", lambda: exe(*args_)),
+        ("kernel(*args) (TileLang adapter)", lambda: kernel(*args_)),
+        ("launch_forward", lambda: fwd.launch_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
+        ("kernels.forward (+checks, _prepare)", lambda: kernels_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
+        ("flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),
+        ("flash_attn_func, requires_grad", lambda: flashtile.flash_attn_func(qg, kg, vg)),
+        ("torch SDPA (flash backend), no grad", lambda: torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))),
+    ]
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
+    for name, fn in rows:
+        try:
+            print(f"{per_call_us(fn):9.1f} us  {name}", flush=True)
+        except Exception as e:  # report and keep going: this is a measurement tool
+            print(f"   failed  {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(300):
+            flashtile.flash_attn_func(q, k, v)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+
+if __name__ == "__main__":
+    main()
