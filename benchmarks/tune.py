@@ -22,12 +22,12 @@ from triton.testing import do_bench
 import flashtile
 from flashtile.kernels import configs
 
-# (block_m, block_n, stages, threads, pingpong) for the forward; (block_n, block_m, stages,
-# threads) for the backward.  First entry of each list = the table's current choice.
+# (block_m, block_n, stages, threads) for the forward; (block_n, block_m, stages, threads) for
+# the backward.  First entry of each list = the table's current choice.
 FWD = {
-    64: [(192, 128, 2, 384, 0), (192, 128, 2, 384, 1), (128, 128, 2, 256, 1)],
-    128: [(128, 128, 2, 256, 0), (128, 128, 2, 256, 1), (128, 176, 2, 256, 0), (128, 176, 2, 256, 1)],
-    256: [(128, 80, 2, 256, 0), (128, 80, 2, 256, 1), (128, 64, 2, 256, 0)],
+    64: [(192, 128, 2, 384), (128, 128, 2, 256)],
+    128: [(128, 128, 2, 256), (128, 176, 2, 256)],
+    256: [(128, 80, 2, 256), (128, 64, 2, 256)],
 }
 BWD = {
     64: [(128, 128, 1, 256), (128, 64, 2, 256), (128, 128, 2, 256)],
@@ -37,9 +37,7 @@ BWD = {
 
 
 def make_config(which, cfg):
-    if which == "fwd":
-        return configs.FwdConfig(*cfg[:4], bool(cfg[4]) if len(cfg) > 4 else False)
-    return configs.BwdConfig(*cfg)
+    return (configs.FwdConfig if which == "fwd" else configs.BwdConfig)(*cfg)
 
 
 def prebuild(which, d, cfg, det):
@@ -90,7 +88,7 @@ def main():
     ap.add_argument("--gqa", type=int, default=1, help="nheads / nheads_kv")
     ap.add_argument("--det", action="store_true", help="deterministic backward")
     ap.add_argument("--only-first", action="store_true", help="first config of each head dim only")
-    ap.add_argument("--configs", nargs="*", default=None, help="e.g. 128,128,2,256,1 (replaces the lists above)")
+    ap.add_argument("--configs", nargs="*", default=None, help="e.g. 128,128,2,256 (replaces the lists above)")
     ap.add_argument("--repeat", type=int, default=1, help="time the whole list this many times")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel prebuild processes")
     args = ap.parse_args()

@@ -26,7 +26,6 @@ class FwdConfig:
     block_n: int  # keys per main-loop step
     num_stages: int  # K/V shared-memory pipeline depth
     threads: int  # consumer threads (auto warp specialisation adds a producer warpgroup)
-    pingpong: bool = False  # consumer warpgroups take turns on the tensor cores (FA3 ping-pong)
 
     def as_kwargs(self) -> dict:
         return asdict(self)
@@ -76,13 +75,12 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig
     if widest <= 64:
         # Three consumer warpgroups: at d=64 the GEMMs are short, more rows per K/V tile
         # amortise the loads (H200: 0.94x cuDNN vs 0.83x with 128 rows, non-causal 4k).
-        # Ping-pong measured no gain here (0.93/0.82 vs 0.93/0.84 at 4k).
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384)
     if widest <= 128:
         # 128x176 measured within noise of 128x128 (H200, 4k/8k); 128x64x3 and 192x128 slower.
         return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256)
     # d=192/256: 80 keys per step, two stages (FA3's tile): H200 d=256 4k 0.94/0.92x cuDNN,
-    # against 0.84/0.85x with 64 keys; ping-pong lowered both.
+    # against 0.84/0.85x with 64 keys.
     return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256)
 
 

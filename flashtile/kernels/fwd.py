@@ -22,9 +22,6 @@ LN2 = 0.6931471805599453
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 TARGET = {"kind": "cuda", "arch": ARCH}
-# Named hardware barriers TURN_BARRIER + w (w < 4) order the consumer warpgroups' GEMM turns;
-# TileLang itself uses ids 0-3.
-TURN_BARRIER = 8
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -38,7 +35,6 @@ def attention_fwd_kernel(
     block_n: int = 128,
     num_stages: int = 2,
     threads: int = 256,
-    pingpong: bool = False,
 ):
     """Build the forward PrimFunc.
 
@@ -51,30 +47,6 @@ def attention_fwd_kernel(
     B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
     acc = T.float32
     neg_inf = -T.infinity(acc)
-    n_wg = threads // 128  # consumer warpgroups, 64 query rows each
-
-    @T.macro
-    def online_softmax(s, p, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, off, Sk, left, right, score_scale, cap_in):
-        """Scores of key block n0 in s -> probabilities in p (input dtype); running max m, row
-        sums l, and alpha = the factor that rescales what O holds so far."""
-        if has_softcap:
-            for i, j in T.Parallel(block_m, block_n):
-                s[i, j] = T.tanh(s[i, j] * cap_in)
-        if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
-            for i, j in T.Parallel(block_m, block_n):
-                s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], neg_inf)
-        T.copy(m, m_prev)
-        T.reduce_max(s, m, dim=1, clear=False)
-        for i in T.Parallel(block_m):
-            # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
-            m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
-            alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
-        for i, j in T.Parallel(block_m, block_n):
-            s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
-        T.reduce_sum(s, row_sum, dim=1)
-        for i in T.Parallel(block_m):
-            l[i] = l[i] * alpha[i] + row_sum[i]
-        T.copy(s, p)
 
     @T.prim_func
     def main(
@@ -104,7 +76,6 @@ def attention_fwd_kernel(
             row_sum = T.alloc_fragment([block_m], acc)
             l = T.alloc_fragment([block_m], acc)
             lse = T.alloc_fragment([block_m], acc)
-            wg = (T.get_thread_binding() // 128) % n_wg
 
             # The longest causal rows (last query blocks) start first: better tail balance.
             mb = T.ceildiv(Sq, block_m) - 1 - bx
@@ -117,47 +88,34 @@ def attention_fwd_kernel(
             T.clear(o)
             T.clear(l)
             T.fill(m, neg_inf)
-            if pingpong:  # both are read (t > 0) one iteration after the softmax writes them
-                T.fill(alpha, 1)
-                T.clear(p)
 
-            softmax_args = (m, m_prev, m_safe, alpha, row_sum, l)
-            mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
-            if pingpong:
-                # Iteration t issues S = Q K_t^T and O += P_{t-1} V_{t-1} back to back in this
-                # warpgroup's turn on the tensor cores, hands the turn on, then runs the softmax
-                # of block t while the other warpgroup's GEMMs run (FA3's ping-pong).  One extra
-                # iteration drains the last P V; its K load and the first V load are clamped
-                # re-loads of a neighbouring block, never read.
-                if wg == n_wg - 1:  # the last warpgroup hands the first turn to warpgroup 0
-                    T.named_barrier_arrive(TURN_BARRIER, 256)
-                for t in T.Pipelined(n_blocks + 1, num_stages=num_stages):
-                    kn0 = (kb_lo + T.min(t, n_blocks - 1)) * block_n
-                    vn0 = (kb_lo + T.max(t - 1, 0)) * block_n
-                    T.copy(K[b, kn0 : kn0 + block_n, hk, :], k_s)
-                    T.copy(V[b, vn0 : vn0 + block_n, hk, :], v_s)
-                    if t > 0:
-                        for i, j in T.Parallel(block_m, dim_v):
-                            o[i, j] *= alpha[i]
-                    T.sync_threads(TURN_BARRIER + wg, 256)
-                    if t < n_blocks:
-                        T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    if t > 0:
-                        T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
-                    if T.Or(wg != n_wg - 1, t < n_blocks):  # every arrive meets a sync
-                        T.named_barrier_arrive(TURN_BARRIER + (wg + 1) % n_wg, 256)
-                    if t < n_blocks:
-                        online_softmax(s, p, *softmax_args, kn0, *mask_args)
-            else:
-                for t in T.Pipelined(n_blocks, num_stages=num_stages):
-                    n0 = (kb_lo + t) * block_n
-                    T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
-                    T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    online_softmax(s, p, *softmax_args, n0, *mask_args)
-                    for i, j in T.Parallel(block_m, dim_v):
-                        o[i, j] *= alpha[i]
-                    T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
-                    T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
+            for t in T.Pipelined(n_blocks, num_stages=num_stages):
+                kb = kb_lo + t
+                n0 = kb * block_n
+                T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
+                T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if has_softcap:
+                    for i, j in T.Parallel(block_m, block_n):
+                        s[i, j] = T.tanh(s[i, j] * cap_in)
+                if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
+                    for i, j in T.Parallel(block_m, block_n):
+                        s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], neg_inf)
+                T.copy(m, m_prev)
+                T.reduce_max(s, m, dim=1, clear=False)
+                for i in T.Parallel(block_m):
+                    # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
+                    m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
+                    alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
+                for i, j in T.Parallel(block_m, block_n):
+                    s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
+                T.reduce_sum(s, row_sum, dim=1)
+                for i in T.Parallel(block_m):
+                    l[i] = l[i] * alpha[i] + row_sum[i]
+                T.copy(s, p)
+                for i, j in T.Parallel(block_m, dim_v):
+                    o[i, j] *= alpha[i]
+                T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
+                T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
 
             # Epilogue: alpha becomes the output scale, lse the base-2 log-sum-exp.
             for i in T.Parallel(block_m):
