@@ -22,12 +22,12 @@ from triton.testing import do_bench
 import flashtile
 from flashtile.kernels import configs
 
-# (block_m, block_n, stages, threads) for the forward; (block_n, block_m, stages, threads) for
+# (block_m, block_n, stages, threads, manual_ws) for the forward; (block_n, block_m, stages, threads) for
 # the backward.  First entry of each list = the table's current choice.
 FWD = {
-    64: [(192, 128, 2, 384), (128, 128, 2, 256)],
-    128: [(128, 128, 2, 256), (128, 176, 2, 256)],
-    256: [(128, 80, 2, 256), (128, 64, 2, 256)],
+    64: [(192, 128, 2, 384, 0), (128, 128, 2, 256, 1)],
+    128: [(128, 128, 2, 256, 0), (128, 128, 2, 256, 1), (128, 176, 2, 256, 1)],
+    256: [(128, 80, 2, 256, 0), (128, 80, 2, 256, 1)],
 }
 BWD = {
     64: [(128, 128, 1, 256), (128, 64, 2, 256), (128, 128, 2, 256)],
@@ -37,7 +37,9 @@ BWD = {
 
 
 def make_config(which, cfg):
-    return (configs.FwdConfig if which == "fwd" else configs.BwdConfig)(*cfg)
+    if which == "fwd":
+        return configs.FwdConfig(*cfg[:4], bool(cfg[4]) if len(cfg) > 4 else False)
+    return configs.BwdConfig(*cfg)
 
 
 def prebuild(which, d, cfg, det):

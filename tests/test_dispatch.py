@@ -10,6 +10,14 @@ import torch
 from flashtile import kernels
 
 
+@pytest.fixture(autouse=True)
+def fresh_capability_cache():
+    """The registry caches the capability per device; each test patches its own."""
+    kernels._capability.cache_clear()
+    yield
+    kernels._capability.cache_clear()
+
+
 @pytest.fixture
 def hopper(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))

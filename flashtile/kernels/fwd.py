@@ -6,8 +6,13 @@ window bounds are runtime values, so variable-length training never recompiles.
 
 Per CTA: Q tile -> shared; loop over the key blocks that the window can reach (fully masked
 blocks are never visited); S = Q K^T by WGMMA; mask only boundary blocks; online softmax in
-base 2 with log2(e) folded into the scale; O += P V.  The epilogue folds in the sink, writes O
-through shared memory (TMA store) and the log-sum-exp in natural log.
+base 2 with log2(e) folded into the scale (``softmax.py``); O += P V.  The epilogue folds in
+the sink, writes O through shared memory (TMA store) and the log-sum-exp in natural log.
+
+Two schedules of that loop, chosen per head dim by the tile table (``configs.fwd_config``):
+``attention_fwd_kernel`` here lets TileLang's pipeliner warp-specialise it (synchronous
+GEMMs; best at d <= 64 with three consumer warpgroups and at d > 128), and
+``fwd_ws.attention_fwd_ws_kernel`` overlaps each softmax with the previous P V GEMM by hand.
 """
 
 
@@ -15,10 +20,8 @@ import tilelang
 import tilelang.language as T
 
 from .configs import ARCH
-from .masks import block_fully_visible, key_block_range, visible
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+from .masks import key_block_range
+from .softmax import LOG2E, online_softmax
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 TARGET = {"kind": "cuda", "arch": ARCH}
@@ -46,7 +49,7 @@ def attention_fwd_kernel(
     """
     B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
     acc = T.float32
-    neg_inf = -T.infinity(acc)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
 
     @T.prim_func
     def main(
@@ -87,51 +90,21 @@ def attention_fwd_kernel(
             T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
             T.clear(o)
             T.clear(l)
-            T.fill(m, neg_inf)
+            T.fill(m, -T.infinity(acc))
 
             for t in T.Pipelined(n_blocks, num_stages=num_stages):
                 kb = kb_lo + t
                 n0 = kb * block_n
                 T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
                 T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                if has_softcap:
-                    for i, j in T.Parallel(block_m, block_n):
-                        s[i, j] = T.tanh(s[i, j] * cap_in)
-                if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
-                    for i, j in T.Parallel(block_m, block_n):
-                        s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], neg_inf)
-                T.copy(m, m_prev)
-                T.reduce_max(s, m, dim=1, clear=False)
-                for i in T.Parallel(block_m):
-                    # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
-                    m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
-                    alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
-                for i, j in T.Parallel(block_m, block_n):
-                    s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
-                T.reduce_sum(s, row_sum, dim=1)
-                for i in T.Parallel(block_m):
-                    l[i] = l[i] * alpha[i] + row_sum[i]
+                update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, off, Sk, left, right, score_scale, cap_in)
                 T.copy(s, p)
                 for i, j in T.Parallel(block_m, dim_v):
                     o[i, j] *= alpha[i]
                 T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
                 T.gemm(p, v_s, o, policy=T.GemmWarpPolicy.FullRow)
 
-            # Epilogue: alpha becomes the output scale, lse the base-2 log-sum-exp.
-            for i in T.Parallel(block_m):
-                m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
-                if has_sinks:
-                    sink = Sinks[h] * LOG2E
-                    top = T.max(m_safe[i], sink)
-                    row_sum[i] = T.exp2(m_safe[i] - top)
-                    l[i] = l[i] * row_sum[i] + T.exp2(sink - top)
-                    alpha[i] = row_sum[i] / l[i]
-                    lse[i] = (T.log2(l[i]) + top) * LN2
-                else:
-                    alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
-                    lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m_safe[i]) * LN2, neg_inf)
-            for i, j in T.Parallel(block_m, dim_v):
-                o[i, j] *= alpha[i]
+            finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale)
             T.copy(o, o_s)
             T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
             T.copy(lse, LSE[b, h, m0 : m0 + block_m])
@@ -144,7 +117,11 @@ def get_forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
     from . import cache, configs
 
     cfg = configs.fwd_config(dim, dim_v, dtype, configs.mask_kind(window))
-    return cache.get(attention_fwd_kernel, cfg, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
+    if cfg.manual_ws:
+        from .fwd_ws import attention_fwd_ws_kernel as builder  # imports this module: lazy
+    else:
+        builder = attention_fwd_kernel
+    return cache.get(builder, cfg, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
 
 
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float):

@@ -1,0 +1,160 @@
+"""Forward with hand-written warp specialisation: FA3's intra-warpgroup overlap.
+
+Same arguments, semantics and static structure as ``fwd.attention_fwd_kernel``; the tile
+table (``configs.fwd_config``, ``manual_ws=True``) picks it where it measured faster (head
+dims 65..128 on H200: 0.93-1.08x cuDNN at 4k-16k against 0.89-0.95x).
+
+One producer warpgroup issues TMA loads of K and V into two-stage rings guarded by full/empty
+mbarriers; two consumer warpgroups (64 query rows each) run, per key block t >= 1:
+
+    issue S_t = Q K_t^T          (async WGMMA)
+    issue O += P_{t-1} V_{t-1}   (async WGMMA, P in registers)
+    wait for S_t, release K_t; online softmax of S_t   <- overlaps the P V GEMM
+    wait for P V, release V_{t-1}; rescale O; P = cast(S_t)
+
+TileLang's automatic pipeliner releases a K/V stage right after the GEMM *statement*, which
+is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmma``.
+"""
+
+import tilelang
+import tilelang.language as T
+
+from .fwd import PASS_CONFIGS, TARGET
+from .masks import key_block_range
+from .softmax import online_softmax
+
+FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
+
+
+@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def attention_fwd_ws_kernel(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_sinks: bool,
+    has_softcap: bool,
+    block_m: int = 128,
+    block_n: int = 128,
+    num_stages: int = 2,
+    threads: int = 256,
+):
+    """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``."""
+    assert num_stages == 2 and threads == 256 and block_m == 128, "the hand-written ring is 2 stages, 2 consumer warpgroups"
+    B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
+    acc = T.float32
+    total = threads + 128  # + one producer warpgroup
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        O: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE: T.Tensor([B, H, Sq], acc),
+        Sinks: T.Tensor([H], acc),
+        score_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
+            q_s = T.alloc_shared([block_m, dim], dtype)
+            k_s = T.alloc_shared([2, block_n, dim], dtype)
+            v_s = T.alloc_shared([2, block_n, dim_v], dtype)
+            # Q is dead after the last S GEMM: its tile holds the output when shapes agree
+            # (d=256 would not fit 227 KB of shared memory otherwise).
+            o_s = q_s if dim_v == dim else T.alloc_shared([block_m, dim_v], dtype)
+            s = T.alloc_fragment([block_m, block_n], acc)
+            p = T.alloc_fragment([block_m, block_n], dtype)
+            o = T.alloc_fragment([block_m, dim_v], acc)
+            m = T.alloc_fragment([block_m], acc)
+            m_prev = T.alloc_fragment([block_m], acc)
+            m_safe = T.alloc_fragment([block_m], acc)
+            alpha = T.alloc_fragment([block_m], acc)
+            row_sum = T.alloc_fragment([block_m], acc)
+            l = T.alloc_fragment([block_m], acc)
+            lse = T.alloc_fragment([block_m], acc)
+
+            bar_q = T.alloc_barrier(arrive_count=total)
+            k_full = T.alloc_barrier(arrive_count=[128, 128])
+            v_full = T.alloc_barrier(arrive_count=[128, 128])
+            k_empty = T.alloc_barrier(arrive_count=[threads, threads])
+            v_empty = T.alloc_barrier(arrive_count=[threads, threads])
+
+            tx = T.get_thread_binding()
+            mb = T.ceildiv(Sq, block_m) - 1 - bx
+            m0 = mb * block_m
+            hk = h // (H // Hkv)
+            off = Sk - Sq
+            kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, Sq, Sk, left, right)
+            n_pairs = T.ceildiv(n_blocks, 2)
+            mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
+
+            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
+            T.barrier_arrive(bar_q)
+
+            if tx >= threads:  # producer
+                T.set_max_nreg(24, 0)
+                for i in T.serial(n_pairs):
+                    for st in T.unroll(2):
+                        t = i * 2 + st
+                        if t < n_blocks:
+                            n0 = (kb_lo + t) * block_n
+                            T.barrier_wait(k_empty[st], (i & 1) ^ 1)
+                            T.tma_copy(K[b, n0 : n0 + block_n, hk, :], k_s[st, :, :], barrier=k_full[st])
+                            T.barrier_arrive(k_full[st])
+                            T.barrier_wait(v_empty[st], (i & 1) ^ 1)
+                            T.tma_copy(V[b, n0 : n0 + block_n, hk, :], v_s[st, :, :], barrier=v_full[st])
+                            T.barrier_arrive(v_full[st])
+            else:  # two consumer warpgroups
+                T.set_max_nreg(240, 1)
+                T.clear(o)
+                T.clear(l)
+                T.fill(m, -T.infinity(acc))
+                T.barrier_wait(bar_q, 0)
+                # Block 0 alone: nothing to overlap yet.
+                if n_blocks > 0:
+                    T.barrier_wait(k_full[0], 0)
+                    T.wgmma_gemm(q_s, k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(k_empty[0])
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
+                    T.copy(s, p)
+                # Blocks t >= 1, two per trip so that ring stages are compile-time indices:
+                # K_t sits in stage 1 - st, V_{t-1} in stage st.  Every wgmma retires inside
+                # the trip (no wait behind a branch), or ptxas serialises all of them.
+                for i in T.serial(T.ceildiv(n_blocks - 1, 2)):
+                    for st in T.unroll(2):
+                        t = i * 2 + 1 + st
+                        if t < n_blocks:
+                            T.barrier_wait(k_full[1 - st], (i + st) & 1)
+                            T.wgmma_gemm(q_s, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                            T.barrier_wait(v_full[st], i & 1)
+                            T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                            T.wait_wgmma(1)
+                            T.barrier_arrive(k_empty[1 - st])
+                            update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(v_empty[st])
+                            for r, c in T.Parallel(block_m, dim_v):
+                                o[r, c] *= alpha[r]
+                            T.copy(s, p)
+                # The last block's P V.
+                if n_blocks > 0:
+                    last = n_blocks - 1
+                    if last % 2 == 0:
+                        T.barrier_wait(v_full[0], (last // 2) & 1)
+                        T.wgmma_gemm(p, v_s[0, :, :], o, policy=FULL_ROW)
+                        T.wait_wgmma(0)
+                    else:
+                        T.barrier_wait(v_full[1], (last // 2) & 1)
+                        T.wgmma_gemm(p, v_s[1, :, :], o, policy=FULL_ROW)
+                        T.wait_wgmma(0)
+
+                finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale)
+                T.copy(o, o_s)
+                T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
+                T.copy(lse, LSE[b, h, m0 : m0 + block_m])
+
+    return main

@@ -1,0 +1,70 @@
+"""Online softmax of the forward kernels, as TileLang macros shared by both schedules
+(``fwd.attention_fwd_kernel`` and ``fwd_ws.attention_fwd_ws_kernel``).
+
+Scores arrive raw (q.k in fp32); ``score_scale`` folds the softmax scale and log2(e) (or the
+softcap and log2(e)) so the exponentials are ``exp2``.  Running statistics per query row:
+``m`` the max raw score, ``l`` the sum of exp2 weights relative to ``m``; ``alpha`` rescales
+what the output accumulator holds whenever ``m`` grows.
+"""
+
+import tilelang.language as T
+
+from .masks import block_fully_visible, visible
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool):
+    """(update, finish) macros for one tile shape.
+
+    ``update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, off, Sk, left, right,
+    score_scale, cap_in)``: scores of key block ``n0`` in ``s`` -> exp2 weights in ``s`` (the
+    caller casts them to P); masks only when the block is not fully visible.
+
+    ``finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)``: folds in the sink
+    logit (natural-log units, read only with sinks), normalises ``o`` and writes the natural-log
+    log-sum-exp into ``lse`` (-inf for a row that saw no key and has no sink).
+    """
+    acc = T.float32
+    neg_inf = -T.infinity(acc)
+
+    @T.macro
+    def update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, off, Sk, left, right, score_scale, cap_in):
+        if has_softcap:
+            for i, j in T.Parallel(block_m, block_n):
+                s[i, j] = T.tanh(s[i, j] * cap_in)
+        if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
+            for i, j in T.Parallel(block_m, block_n):
+                s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], neg_inf)
+        T.copy(m, m_prev)
+        T.reduce_max(s, m, dim=1, clear=False)
+        for i in T.Parallel(block_m):
+            # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
+            m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
+            alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
+        for i, j in T.Parallel(block_m, block_n):
+            s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
+        T.reduce_sum(s, row_sum, dim=1)
+        for i in T.Parallel(block_m):
+            l[i] = l[i] * alpha[i] + row_sum[i]
+
+    @T.macro
+    def finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale):
+        # alpha becomes the output scale, lse the log-sum-exp.
+        for i in T.Parallel(block_m):
+            m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
+            if has_sinks:
+                sink2 = sink * LOG2E
+                top = T.max(m_safe[i], sink2)
+                row_sum[i] = T.exp2(m_safe[i] - top)
+                l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top)
+                alpha[i] = row_sum[i] / l[i]
+                lse[i] = (T.log2(l[i]) + top) * LN2
+            else:
+                alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
+                lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m_safe[i]) * LN2, neg_inf)
+        for i, j in T.Parallel(block_m, dim_v):
+            o[i, j] *= alpha[i]
+
+    return update, finish
