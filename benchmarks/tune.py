@@ -22,24 +22,24 @@ from triton.testing import do_bench
 import flashtile
 from flashtile.kernels import configs
 
-# (block_m, block_n, stages, threads, manual_ws) for the forward; (block_n, block_m, stages, threads) for
-# the backward.  First entry of each list = the table's current choice.
+# (block_m, block_n, stages, threads, manual_ws) for the forward; (block_n, block_m, stages, threads,
+# overlap) for the backward.  First entry of each list = the table's current choice.
 FWD = {
     64: [(192, 128, 2, 384, 0), (128, 128, 2, 256, 1)],
     128: [(128, 128, 2, 256, 0), (128, 128, 2, 256, 1), (128, 176, 2, 256, 1)],
     256: [(128, 80, 2, 256, 0), (128, 80, 2, 256, 1)],
 }
 BWD = {
-    64: [(128, 128, 1, 256), (128, 64, 2, 256), (128, 128, 2, 256)],
-    128: [(128, 64, 2, 256), (128, 64, 1, 256), (128, 64, 3, 256), (64, 64, 2, 128)],
-    256: [(64, 64, 1, 256), (64, 64, 1, 128)],
+    64: [(128, 64, 2, 256, 1), (128, 64, 2, 256, 0), (128, 128, 1, 256, 0)],
+    128: [(128, 64, 2, 256, 1), (128, 64, 2, 256, 0), (128, 64, 3, 256, 1)],
+    256: [(64, 64, 1, 256, 0), (64, 64, 1, 256, 1)],
 }
 
 
 def make_config(which, cfg):
     if which == "fwd":
         return configs.FwdConfig(*cfg[:4], bool(cfg[4]) if len(cfg) > 4 else False)
-    return configs.BwdConfig(*cfg)
+    return configs.BwdConfig(*cfg[:4], bool(cfg[4]) if len(cfg) > 4 else False)
 
 
 def prebuild(which, d, cfg, det):
@@ -91,6 +91,7 @@ def main():
     ap.add_argument("--det", action="store_true", help="deterministic backward")
     ap.add_argument("--only-first", action="store_true", help="first config of each head dim only")
     ap.add_argument("--configs", nargs="*", default=None, help="e.g. 128,128,2,256 (replaces the lists above)")
+    ap.add_argument("--check", action="store_true", help="check each candidate against the reference first")
     ap.add_argument("--repeat", type=int, default=1, help="time the whole list this many times")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel prebuild processes")
     args = ap.parse_args()
@@ -102,6 +103,14 @@ def main():
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for line in pool.map(prebuild, *zip(*[(args.which, d, cfg, args.det) for d, cfg in todo])):
             print(line, flush=True)
+    if args.check:  # every candidate against the reference on awkward shapes before timing
+        from quick import check
+
+        for d, cfg in todo:
+            configs.overrides[args.which] = make_config(args.which, cfg)
+            print(f"CHECK {args.which} {cfg} d{d}", flush=True)
+            for causal, window, sq, sk in ((False, (-1, -1), 317, 451), (True, (-1, -1), 451, 317), (False, (96, 0), 300, 300)):
+                check(2, sq, sk, 4, 4 // min(args.gqa, 4), d, d, torch.bfloat16, causal=causal, window=window, det=args.det)
     for d, cfg in todo * args.repeat:  # repeats interleave configs, so drift hits all alike
         configs.overrides[args.which] = make_config(args.which, cfg)
         for s in args.seqlen:

@@ -96,16 +96,29 @@ def _ptxas_report(src: str, tmp_path) -> str:
     return res.stderr
 
 
-@pytest.mark.parametrize("has_sinks,has_softcap", [(False, False), (True, True)])
-def test_overlapped_forward_keeps_wgmma_async(has_sinks, has_softcap, tmp_path):
-    """The hand-written forward only pays off while ptxas keeps its WGMMAs asynchronous: an
-    accumulator touched while a wgmma may still be in flight (e.g. a wait behind a branch)
-    makes ptxas serialise every wgmma in the kernel (C7515) and silently costs the overlap."""
-    from flashtile.kernels.fwd import get_forward_kernel
+def _overlapped_kernel(which: str, has_softcap: bool):
+    if which == "fwd":
+        from flashtile.kernels.fwd import get_forward_kernel
 
-    kernel = get_forward_kernel(128, 128, "bfloat16", has_sinks, has_softcap)
-    src = kernel.get_kernel_source()
-    assert "wait_wgmma<1>" in src, "d=128 should run the overlapped schedule (kernels/fwd_ws.py)"
+        return get_forward_kernel(128, 128, "bfloat16", True, has_softcap)
+    from flashtile.kernels.bwd import get_backward_kernels
+
+    return get_backward_kernels(128, 128, "bfloat16", has_softcap, False, False)[1]
+
+
+@pytest.mark.parametrize(
+    "which,has_softcap,overlapped",
+    [("fwd", False, True), ("fwd", True, True), ("bwd", False, True), ("bwd", True, False)],
+)
+def test_overlapped_kernels_keep_wgmma_async(which, has_softcap, overlapped, tmp_path):
+    """The d=128 kernels issue WGMMAs asynchronously and compute under them; that only pays
+    off while ptxas keeps them asynchronous.  An accumulator touched while a wgmma may still
+    be in flight (e.g. a wait behind a branch) makes ptxas serialise every wgmma in the
+    kernel (C7515), silently costing the overlap.  The softcap backward stays synchronous: its
+    tanh tile already costs 80 bytes of spills there (124 overlapped), recorded, not hidden."""
+    src = _overlapped_kernel(which, has_softcap).get_kernel_source()
+    assert ("wait_wgmma<1>" in src) == overlapped, f"d=128 {which} softcap={has_softcap}: wrong schedule"
     report = _ptxas_report(src, tmp_path)
     assert "C7515" not in report and "serialized" not in report, report
-    assert " 0 bytes spill stores" in report, report
+    if not (which == "bwd" and has_softcap):
+        assert " 0 bytes spill stores" in report, report

@@ -12,7 +12,9 @@ Three steps, as in FlashAttention-2/3:
    pair that can see the block, recomputing P from the saved lse.  GQA therefore sums dK/dV
    over the group inside the CTA: no atomics and no groups-times-larger buffer.  In the
    default mode the same CTA also emits dQ = dS K through TMA reduce-add into an fp32 buffer
-   (unordered float atomics, fast, not bitwise reproducible).
+   (unordered float atomics, fast, not bitwise reproducible).  With ``overlap`` (the table's
+   choice up to d=128) S^T and dP^T are issued as async WGMMA and P is computed while dP^T
+   runs.
 3. dQ: either that fp32 buffer cast to the input dtype, or, with ``deterministic=True``,
    ``attention_bwd_dq``: one CTA per query block that owns its dQ rows and loops over the key
    blocks (recomputing S and dP), so every sum happens in a fixed order.
@@ -87,6 +89,7 @@ def attention_bwd_dkdv(
     block_m: int = 64,
     num_stages: int = 2,
     threads: int = 256,
+    overlap: bool = False,
 ):
     """dK, dV (and with ``with_dq`` the fp32 dQ accumulation) for one key block per CTA.
 
@@ -101,6 +104,8 @@ def attention_bwd_dkdv(
     # the warpgroups split columns instead, and P^T / dS^T go through shared memory: a
     # column-split fragment cannot be the register A operand of the dV / dK GEMMs.
     split_cols = block_n < 64 * (threads // 128)
+    # With softcap the tanh tile would be live under the async dP^T too: 124 bytes of spills.
+    overlap = overlap and not has_softcap
     policy = T.GemmWarpPolicy.FullCol if split_cols else T.GemmWarpPolicy.FullRow
 
     @T.prim_func
@@ -161,7 +166,17 @@ def attention_bwd_dkdv(
                 m0 = (qb_lo + t % n_qblocks) * block_m
                 T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
                 T.copy(LSE2[b, h, m0 : m0 + block_m], lse_s)
-                T.gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=policy)
+                if overlap:
+                    # S^T and dP^T issued together; P is computed while dP^T is still running.
+                    # Safe inside T.Pipelined: q_s and do_s are read again by the synchronous
+                    # dK / dV GEMMs below, so their stages are not released at these statements.
+                    T.copy(dO[b, m0 : m0 + block_m, h, :], do_s)
+                    T.copy(Delta[b, h, m0 : m0 + block_m], delta_s)
+                    T.wgmma_gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=policy)
+                    T.wgmma_gemm(v_s, do_s, dpT, transpose_B=True, clear_accum=True, policy=policy)
+                    T.wait_wgmma(1)
+                else:
+                    T.gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=policy)
                 if has_softcap:
                     for i, j in T.Parallel(block_n, block_m):
                         capT[i, j] = T.tanh(sT[i, j] * cap_in)
@@ -173,9 +188,12 @@ def attention_bwd_dkdv(
                 if not interior:
                     for i, j in T.Parallel(block_n, block_m):
                         sT[i, j] = T.if_then_else(visible(m0 + j, n0 + i, off, Sk, left, right), sT[i, j], 0)
-                T.copy(dO[b, m0 : m0 + block_m, h, :], do_s)
-                T.copy(Delta[b, h, m0 : m0 + block_m], delta_s)
-                T.gemm(v_s, do_s, dpT, transpose_B=True, clear_accum=True, policy=policy)
+                if overlap:
+                    T.wait_wgmma(0)
+                else:
+                    T.copy(dO[b, m0 : m0 + block_m, h, :], do_s)
+                    T.copy(Delta[b, h, m0 : m0 + block_m], delta_s)
+                    T.gemm(v_s, do_s, dpT, transpose_B=True, clear_accum=True, policy=policy)
                 if split_cols:
                     T.copy(sT, p_s)
                     T.gemm(p_s, do_s, dv, policy=policy)
