@@ -5,7 +5,8 @@
 #
 #   bash .carry/install.sh && export PYTHONPATH=/tmp/site:$PWD && bash benchmarks/device_session.sh
 #
-# Phase budgets (seconds) can be overridden: PRECOMPILE_S, TESTS_S, BENCH_S.
+# Phase budgets (seconds) can be overridden: PRECOMPILE_S, TESTS_S, BENCH_S.  BENCH_FLAGS
+# replaces the short bench grid; BENCH_FLAGS=" " runs `flashtile bench`'s full default grid.
 set -uo pipefail
 out=${1:-${OUT:-device-out}}
 mkdir -p "$out"
