@@ -27,7 +27,7 @@ import tilelang
 import tilelang.language as T
 
 from .fwd import LOG2E, PASS_CONFIGS, TARGET
-from .masks import block_fully_visible, key_block_range, query_block_range, visible
+from .masks import block_fully_visible, query_block_range, query_tile, visible
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -78,6 +78,40 @@ def attention_bwd_preprocess(dim_v: int, dtype: str, has_dlse: bool, block: int 
     return main
 
 
+def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bool):
+    """(probabilities, score_grad) macros for a rows x cols score tile of either backward kernel.
+
+    The dK/dV kernel holds S^T (keys x queries: ``queries_on_cols``), the dQ kernel S, so the
+    per-query lse and Delta are indexed by column or by row.  ``cap`` (the tanh tile) is only
+    read with softcap.
+
+    ``probabilities(s, cap, lse, score_scale, cap_in)``: raw scores -> P = exp2(s - lse)
+    (softcap applied first, its tanh kept in ``cap``); masking is left to the caller.
+    ``score_grad(ds, p, dp, delta, cap, sm_scale)``: dS = P (dP - Delta) d(score)/d(q.k), with
+    softcap's factor 1 - tanh^2.
+    """
+
+    @T.macro
+    def probabilities(s, cap, lse, score_scale, cap_in):
+        if has_softcap:
+            for i, j in T.Parallel(rows, cols):
+                cap[i, j] = T.tanh(s[i, j] * cap_in)
+                s[i, j] = cap[i, j]
+        for i, j in T.Parallel(rows, cols):
+            s[i, j] = T.exp2(s[i, j] * score_scale - lse[j if queries_on_cols else i])
+
+    @T.macro
+    def score_grad(ds, p, dp, delta, cap, sm_scale):
+        if has_softcap:
+            for i, j in T.Parallel(rows, cols):
+                ds[i, j] = p[i, j] * (dp[i, j] - delta[j if queries_on_cols else i]) * sm_scale * (1.0 - cap[i, j] * cap[i, j])
+        else:
+            for i, j in T.Parallel(rows, cols):
+                ds[i, j] = p[i, j] * (dp[i, j] - delta[j if queries_on_cols else i]) * sm_scale
+
+    return probabilities, score_grad
+
+
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
 def attention_bwd_dkdv(
     dim: int,
@@ -104,8 +138,7 @@ def attention_bwd_dkdv(
     # the warpgroups split columns instead, and P^T / dS^T go through shared memory: a
     # column-split fragment cannot be the register A operand of the dV / dK GEMMs.
     split_cols = block_n < 64 * (threads // 128)
-    # With softcap the tanh tile would be live under the async dP^T too: 124 bytes of spills.
-    overlap = overlap and not has_softcap
+    probabilities, score_grad = score_gradients(block_n, block_m, True, has_softcap)
     policy = T.GemmWarpPolicy.FullCol if split_cols else T.GemmWarpPolicy.FullRow
 
     @T.prim_func
@@ -144,8 +177,7 @@ def attention_bwd_dkdv(
             dsT = T.alloc_fragment([block_n, block_m], dtype)
             dk = T.alloc_fragment([block_n, dim], acc)
             dv = T.alloc_fragment([block_n, dim_v], acc)
-            if has_softcap:
-                capT = T.alloc_fragment([block_n, block_m], acc)
+            capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
             if with_dq:
                 dq = T.alloc_fragment([block_m, dim], acc)
                 dq_s = T.alloc_shared([block_m, dim], acc)
@@ -177,12 +209,7 @@ def attention_bwd_dkdv(
                     T.wait_wgmma(1)
                 else:
                     T.gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=policy)
-                if has_softcap:
-                    for i, j in T.Parallel(block_n, block_m):
-                        capT[i, j] = T.tanh(sT[i, j] * cap_in)
-                        sT[i, j] = capT[i, j]
-                for i, j in T.Parallel(block_n, block_m):
-                    sT[i, j] = T.exp2(sT[i, j] * score_scale - lse_s[j])
+                probabilities(sT, capT, lse_s, score_scale, cap_in)
                 # Query rows past Sq are masked too (their lse/Delta are padding).
                 interior = T.And(m0 + block_m <= Sq, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, off, Sk, left, right))
                 if not interior:
@@ -200,13 +227,7 @@ def attention_bwd_dkdv(
                 else:
                     T.copy(sT, pT)
                     T.gemm(pT, do_s, dv, policy=policy)
-                # dS = P * (dP - Delta) * d(score)/d(q.k); softcap adds the factor 1 - tanh^2.
-                if has_softcap:
-                    for i, j in T.Parallel(block_n, block_m):
-                        dsT[i, j] = sT[i, j] * (dpT[i, j] - delta_s[j]) * sm_scale * (1.0 - capT[i, j] * capT[i, j])
-                else:
-                    for i, j in T.Parallel(block_n, block_m):
-                        dsT[i, j] = sT[i, j] * (dpT[i, j] - delta_s[j]) * sm_scale
+                score_grad(dsT, sT, dpT, delta_s, capT, sm_scale)
                 if split_cols or with_dq:
                     T.copy(dsT, ds_s)
                 T.gemm(ds_s if split_cols else dsT, q_s, dk, policy=policy)
@@ -241,6 +262,7 @@ def attention_bwd_dq(
     """
     B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
+    probabilities, score_grad = score_gradients(block_m, block_n, False, has_softcap)
 
     @T.prim_func
     def main(
@@ -270,14 +292,11 @@ def attention_bwd_dq(
             dp = T.alloc_fragment([block_m, block_n], acc)
             ds = T.alloc_fragment([block_m, block_n], dtype)
             dq = T.alloc_fragment([block_m, dim], acc)
-            if has_softcap:
-                cap = T.alloc_fragment([block_m, block_n], acc)
+            cap = T.alloc_fragment([block_m, block_n], acc) if has_softcap else None
 
-            mb = T.ceildiv(Sq, block_m) - 1 - bx
-            m0 = mb * block_m
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             hk = h // (H // Hkv)
             off = Sk - Sq
-            kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, Sq, Sk, left, right)
 
             T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
             T.copy(dO[b, m0 : m0 + block_m, h, :], do_s)
@@ -291,21 +310,11 @@ def attention_bwd_dq(
                 T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
                 T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(do_s, v_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                if has_softcap:
-                    for i, j in T.Parallel(block_m, block_n):
-                        cap[i, j] = T.tanh(s[i, j] * cap_in)
-                        s[i, j] = cap[i, j]
-                for i, j in T.Parallel(block_m, block_n):
-                    s[i, j] = T.exp2(s[i, j] * score_scale - lse[i])
+                probabilities(s, cap, lse, score_scale, cap_in)
                 if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
                     for i, j in T.Parallel(block_m, block_n):
                         s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], 0)
-                if has_softcap:
-                    for i, j in T.Parallel(block_m, block_n):
-                        ds[i, j] = s[i, j] * (dp[i, j] - delta[i]) * sm_scale * (1.0 - cap[i, j] * cap[i, j])
-                else:
-                    for i, j in T.Parallel(block_m, block_n):
-                        ds[i, j] = s[i, j] * (dp[i, j] - delta[i]) * sm_scale
+                score_grad(ds, s, dp, delta, cap, sm_scale)
                 T.copy(ds, ds_s)
                 T.gemm(ds_s, k_s, dq, policy=T.GemmWarpPolicy.FullRow)
 
@@ -321,7 +330,7 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
 
     prep = cache.get(attention_bwd_preprocess, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap)
-    cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window))
+    cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window), has_softcap)
     main = cache.get(attention_bwd_dkdv, cfg, with_dq=not deterministic, **static)
     dq = None
     if deterministic:

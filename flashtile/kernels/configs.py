@@ -90,7 +90,7 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig
     return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256)
 
 
-def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> BwdConfig:
+def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap: bool = False) -> BwdConfig:
     """Backward tiles.  dK and dV accumulators (2 x block_n x dim fp32) live in registers, so
     the key block shrinks as the head dim grows."""
     if "bwd" in overrides:
@@ -101,8 +101,9 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> BwdConfig
         # (d=64) time against the synchronous schedule, interleaved A/B on H200, 4k.  Earlier
         # sweeps: 64x64/128 threads 0.45x, 128x32 0.53x (dQ GEMM M=32 cannot use WGMMA),
         # 64x128 does not fit shared memory, 1 or 3 stages slower; d=64 128x128x1 matched
-        # 128x64x2 within noise.
-        return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True)
+        # 128x64x2 within noise.  Softcap stays synchronous: its tanh tile would be live under
+        # the async dP^T too (124 bytes of spills instead of 80).
+        return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=not has_softcap)
     # d=256: 64 keys, two warpgroups splitting columns: 0.85x cuDNN at 4k (one warpgroup
     # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).
     return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)

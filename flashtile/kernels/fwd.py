@@ -20,7 +20,7 @@ import tilelang
 import tilelang.language as T
 
 from .configs import ARCH
-from .masks import key_block_range
+from .masks import query_tile
 from .softmax import LOG2E, online_softmax
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
@@ -80,12 +80,9 @@ def attention_fwd_kernel(
             l = T.alloc_fragment([block_m], acc)
             lse = T.alloc_fragment([block_m], acc)
 
-            # The longest causal rows (last query blocks) start first: better tail balance.
-            mb = T.ceildiv(Sq, block_m) - 1 - bx
-            m0 = mb * block_m
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             hk = h // (H // Hkv)
             off = Sk - Sq
-            kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, Sq, Sk, left, right)
 
             T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
             T.clear(o)

@@ -20,7 +20,7 @@ import tilelang
 import tilelang.language as T
 
 from .fwd import PASS_CONFIGS, TARGET
-from .masks import key_block_range
+from .masks import query_tile
 from .softmax import online_softmax
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
@@ -83,11 +83,9 @@ def attention_fwd_ws_kernel(
             v_empty = T.alloc_barrier(arrive_count=[threads, threads])
 
             tx = T.get_thread_binding()
-            mb = T.ceildiv(Sq, block_m) - 1 - bx
-            m0 = mb * block_m
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             hk = h // (H // Hkv)
             off = Sk - Sq
-            kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, Sq, Sk, left, right)
             n_pairs = T.ceildiv(n_blocks, 2)
             mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
 

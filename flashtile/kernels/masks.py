@@ -46,6 +46,16 @@ def key_block_range(m0, block_m, block_n, Sq, Sk, left, right):
     return lo, T.max(hi - lo, 0), last_row
 
 
+def query_tile(bx, block_m, block_n, Sq, Sk, left, right):
+    """Query block of CTA ``bx`` and the key blocks it visits: (m0, kb_lo, n_blocks, last_row).
+
+    Query blocks run last-first: under a causal mask the last blocks have the most keys, and
+    starting the longest CTAs first balances the tail of the grid.
+    """
+    m0 = (T.ceildiv(Sq, block_m) - 1 - bx) * block_m
+    return (m0, *key_block_range(m0, block_m, block_n, Sq, Sk, left, right))
+
+
 def query_block_range(n0, block_n, block_m, Sq, Sk, left, right):
     """Query blocks whose rows can see keys [n0, n0 + block_n): (first block, count, last key)."""
     off = Sk - Sq
