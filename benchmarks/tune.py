@@ -37,9 +37,8 @@ BWD = {
 
 
 def make_config(which, cfg):
-    if which == "fwd":
-        return configs.FwdConfig(*cfg[:4], bool(cfg[4]) if len(cfg) > 4 else False)
-    return configs.BwdConfig(*cfg[:4], bool(cfg[4]) if len(cfg) > 4 else False)
+    cls = configs.FwdConfig if which == "fwd" else configs.BwdConfig
+    return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # 5th entry: manual_ws / overlap
 
 
 def prebuild(which, d, cfg, det):
