@@ -23,22 +23,22 @@ import flashtile
 from flashtile.kernels import configs
 
 # (block_m, block_n, stages, threads, manual_ws) for the forward; (block_n, block_m, stages, threads,
-# overlap) for the backward.  First entry of each list = the table's current choice.
+# overlap, manual_ws) for the backward.  First entry of each list = the table's current choice.
 FWD = {
     64: [(192, 128, 2, 384, 0), (128, 128, 2, 256, 1)],
     128: [(128, 128, 2, 256, 0), (128, 128, 2, 256, 1), (128, 176, 2, 256, 1)],
     256: [(128, 80, 2, 256, 0), (128, 80, 2, 256, 1)],
 }
 BWD = {
-    64: [(128, 64, 2, 256, 1), (128, 64, 2, 256, 0), (128, 128, 1, 256, 0)],
-    128: [(128, 64, 2, 256, 1), (128, 64, 2, 256, 0), (128, 64, 3, 256, 1)],
+    64: [(128, 64, 2, 256, 1, 1), (128, 64, 2, 256, 1, 0), (128, 128, 1, 256, 0, 0)],
+    128: [(128, 64, 2, 256, 1, 1), (128, 64, 2, 256, 1, 0), (128, 64, 3, 256, 1, 0)],
     256: [(64, 64, 1, 256, 0), (64, 64, 1, 256, 1)],
 }
 
 
 def make_config(which, cfg):
     cls = configs.FwdConfig if which == "fwd" else configs.BwdConfig
-    return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # 5th entry: manual_ws / overlap
+    return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then manual_ws (fwd) / overlap, manual_ws (bwd)
 
 
 def prebuild(which, d, cfg, det):

@@ -78,6 +78,14 @@ def attention_bwd_preprocess(dim_v: int, dtype: str, has_dlse: bool, block: int 
     return main
 
 
+def query_step(t, hk, groups, qb_lo, n_qblocks, block_m):
+    """Query head and first query row of step ``t`` of a dK/dV CTA's walk: (head, m0).
+
+    Heads of the GQA group outer, query blocks inner, one flat loop so the pipeline stays full.
+    """
+    return hk * groups + t // n_qblocks, (qb_lo + t % n_qblocks) * block_m
+
+
 def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bool):
     """(probabilities, score_grad) macros for a rows x cols score tile of either backward kernel.
 
@@ -89,25 +97,27 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
     (softcap applied first, its tanh kept in ``cap``); masking is left to the caller.
     ``score_grad(ds, p, dp, delta, cap, sm_scale)``: dS = P (dP - Delta) d(score)/d(q.k), with
     softcap's factor 1 - tanh^2.
+    ``stat_offset`` (optional, last) is where this tile's queries start in ``lse`` / ``delta``:
+    the hand-written kernel keeps both ring stages in one flat buffer.
     """
 
     @T.macro
-    def probabilities(s, cap, lse, score_scale, cap_in):
+    def probabilities(s, cap, lse, score_scale, cap_in, stat_offset=0):
         if has_softcap:
             for i, j in T.Parallel(rows, cols):
                 cap[i, j] = T.tanh(s[i, j] * cap_in)
                 s[i, j] = cap[i, j]
         for i, j in T.Parallel(rows, cols):
-            s[i, j] = T.exp2(s[i, j] * score_scale - lse[j if queries_on_cols else i])
+            s[i, j] = T.exp2(s[i, j] * score_scale - lse[stat_offset + (j if queries_on_cols else i)])
 
     @T.macro
-    def score_grad(ds, p, dp, delta, cap, sm_scale):
+    def score_grad(ds, p, dp, delta, cap, sm_scale, stat_offset=0):
         if has_softcap:
             for i, j in T.Parallel(rows, cols):
-                ds[i, j] = p[i, j] * (dp[i, j] - delta[j if queries_on_cols else i]) * sm_scale * (1.0 - cap[i, j] * cap[i, j])
+                ds[i, j] = p[i, j] * (dp[i, j] - delta[stat_offset + (j if queries_on_cols else i)]) * sm_scale * (1.0 - cap[i, j] * cap[i, j])
         else:
             for i, j in T.Parallel(rows, cols):
-                ds[i, j] = p[i, j] * (dp[i, j] - delta[j if queries_on_cols else i]) * sm_scale
+                ds[i, j] = p[i, j] * (dp[i, j] - delta[stat_offset + (j if queries_on_cols else i)]) * sm_scale
 
     return probabilities, score_grad
 
@@ -194,8 +204,7 @@ def attention_bwd_dkdv(
 
             # One flat loop over (query head in the GQA group, query block) keeps the pipeline full.
             for t in T.Pipelined(groups * n_qblocks, num_stages=num_stages):
-                h = hk * groups + t // n_qblocks
-                m0 = (qb_lo + t % n_qblocks) * block_m
+                h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
                 T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
                 T.copy(LSE2[b, h, m0 : m0 + block_m], lse_s)
                 if overlap:
@@ -331,7 +340,11 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
     prep = cache.get(attention_bwd_preprocess, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap)
     cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window), has_softcap)
-    main = cache.get(attention_bwd_dkdv, cfg, with_dq=not deterministic, **static)
+    if cfg.manual_ws:
+        from .bwd_ws import attention_bwd_dkdv_ws as builder
+    else:
+        builder = attention_bwd_dkdv
+    main = cache.get(builder, cfg, with_dq=not deterministic, **static)
     dq = None
     if deterministic:
         dq = cache.get(attention_bwd_dq, configs.bwd_dq_config(dim, dim_v, dtype), **static)

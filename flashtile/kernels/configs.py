@@ -39,9 +39,10 @@ class BwdConfig:
     num_stages: int
     threads: int
     overlap: bool = False  # S^T and dP^T as async WGMMA, P computed while dP^T runs
+    manual_ws: bool = False  # hand-written warp specialisation (kernels/bwd_ws.py), not the builder's
 
     def as_kwargs(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "manual_ws"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
         # 64x128 does not fit shared memory, 1 or 3 stages slower; d=64 128x128x1 matched
         # 128x64x2 within noise.  Softcap stays synchronous: its tanh tile would be live under
         # the async dP^T too (124 bytes of spills instead of 80).
-        return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=not has_softcap)
+        if has_softcap:
+            return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256)
+        return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True)
     # d=256: 64 keys, two warpgroups splitting columns: 0.85x cuDNN at 4k (one warpgroup
     # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).
     return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)

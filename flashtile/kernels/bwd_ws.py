@@ -1,0 +1,206 @@
+"""dK/dV backward with hand-written warp specialisation (head dims up to 128).
+
+Same arguments, semantics and static structure as ``bwd.attention_bwd_dkdv``; the tile table
+(``configs.bwd_config``, ``manual_ws=True``) picks it where it measured faster.
+
+Why by hand: under TileLang's automatic pipeliner a shared-memory stage is released right
+after the last GEMM *statement* that reads it, so the dV, dK and dQ GEMMs have to be
+synchronous, and each step ends in four consumer-wide barriers (dS to shared memory, dQ GEMM,
+dQ to shared memory, the TMA reduce-add).  Here the stages are released after
+``T.wait_wgmma`` and the dQ reduce-add belongs to its own warp.
+
+Roles (one CTA per key block of 128 keys, K and V stationary in shared memory):
+
+* loader warp: TMA loads of Q + lse and dO + Delta for each step into two-stage rings
+  (full/empty mbarriers), walking every (query head of the GQA group, query block) pair that
+  can see this key block;
+* dQ writer warp (default mode): waits until the consumers have put a step's dQ tile into
+  shared memory, issues its TMA reduce-add into the fp32 accumulator, waits until TMA has read
+  the tile and hands the buffer back;
+* two consumer warpgroups (64 keys each), per step:
+
+      issue S^T = K Q^T and dP^T = V dO^T         (async WGMMA)
+      wait S^T; P^T = exp2(S^T - lse), mask        <- under dP^T
+      wait dP^T; issue dV += P^T dO                (async, P^T from registers)
+      dS^T = P^T (dP^T - Delta)                    <- under dV
+      dS^T -> shared; issue dK += dS^T Q           (async)
+      consumer barrier; issue dQ = dS K            (async, both halves of dS^T)
+      wait all; release the Q and dO stages; dQ -> shared for the writer
+
+dS^T is double-buffered in shared memory so that a warpgroup running a step ahead never
+overwrites the half its partner's dQ GEMM still reads.
+"""
+
+import tilelang
+import tilelang.language as T
+
+from .bwd import query_step, score_gradients
+from .fwd import PASS_CONFIGS, TARGET
+from .masks import block_fully_visible, query_block_range, visible
+
+FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
+FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
+CONSUMERS_SYNC = 8  # named barrier id for the two consumer warpgroups (TileLang's own use low ids)
+# Every shared-memory hand-over here is ordered by an mbarrier or by CONSUMERS_SYNC; TileLang's
+# conservative sync insertion would add three consumer-wide barriers per step on top.
+WS_PASS_CONFIGS = {**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
+
+
+@tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
+def attention_bwd_dkdv_ws(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_softcap: bool,
+    with_dq: bool,
+    block_n: int = 128,
+    block_m: int = 64,
+    num_stages: int = 2,
+    threads: int = 256,
+    overlap: bool = True,
+):
+    """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``."""
+    assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
+    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    acc = T.float32
+    total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
+    loader_end, writer_end = threads + 32, threads + 64
+    probabilities, score_grad = score_gradients(block_n, block_m, True, has_softcap)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        dO: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE2: T.Tensor([B, H, Sqp], acc),
+        Delta: T.Tensor([B, H, Sqp], acc),
+        dQacc: T.Tensor([B, Sq, H, dim], acc),
+        dK: T.Tensor([B, Sk, Hkv, dim], dtype),
+        dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        score_scale: T.float32,
+        sm_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(Sk, block_n), Hkv, B, threads=total) as (bx, hk, b):
+            # K and V stay for the whole CTA; after the last step they stage dK and dV.
+            k_s = T.alloc_shared([block_n, dim], dtype)
+            v_s = T.alloc_shared([block_n, dim_v], dtype)
+            q_s = T.alloc_shared([2, block_m, dim], dtype)
+            do_s = T.alloc_shared([2, block_m, dim_v], dtype)
+            lse_s = T.alloc_shared([2 * block_m], acc)  # both stages in one flat buffer
+            delta_s = T.alloc_shared([2 * block_m], acc)
+            ds_s = T.alloc_shared([2, block_n, block_m], dtype)
+            sT = T.alloc_fragment([block_n, block_m], acc)
+            dpT = T.alloc_fragment([block_n, block_m], acc)
+            pT = T.alloc_fragment([block_n, block_m], dtype)
+            dsT = T.alloc_fragment([block_n, block_m], dtype)
+            dk = T.alloc_fragment([block_n, dim], acc)
+            dv = T.alloc_fragment([block_n, dim_v], acc)
+            capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
+            if with_dq:
+                dq = T.alloc_fragment([block_m, dim], acc)
+                dq_s = T.alloc_shared([block_m, dim], acc)
+
+            bar_kv = T.alloc_barrier(arrive_count=total)
+            q_full = T.alloc_barrier(arrive_count=[32, 32])
+            do_full = T.alloc_barrier(arrive_count=[32, 32])
+            q_empty = T.alloc_barrier(arrive_count=[threads, threads])
+            do_empty = T.alloc_barrier(arrive_count=[threads, threads])
+            dq_full = T.alloc_barrier(arrive_count=threads)
+            dq_empty = T.alloc_barrier(arrive_count=1)
+
+            tx = T.get_thread_binding()
+            n0 = bx * block_n
+            groups = H // Hkv
+            off = Sk - Sq
+            qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, Sq, Sk, left, right)
+            n_steps = groups * n_qblocks
+            n_pairs = T.ceildiv(n_steps, 2)
+
+            T.tma_copy(K[b, n0 : n0 + block_n, hk, :], k_s, barrier=bar_kv)
+            T.tma_copy(V[b, n0 : n0 + block_n, hk, :], v_s, barrier=bar_kv)
+            T.barrier_arrive(bar_kv)
+
+            if tx >= threads:
+                T.set_max_nreg(24, 0)
+                if tx < loader_end:
+                    # Two steps per trip so that ring stages are compile-time indices.
+                    for i in T.serial(n_pairs):
+                        for st in T.unroll(2):
+                            t = i * 2 + st
+                            if t < n_steps:
+                                h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
+                                T.barrier_wait(q_empty[st], (i & 1) ^ 1)
+                                T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s[st, :, :], barrier=q_full[st])
+                                T.tma_copy(LSE2[b, h, m0 : m0 + block_m], lse_s[st * block_m : (st + 1) * block_m], barrier=q_full[st])
+                                T.barrier_arrive(q_full[st])
+                                T.barrier_wait(do_empty[st], (i & 1) ^ 1)
+                                T.tma_copy(dO[b, m0 : m0 + block_m, h, :], do_s[st, :, :], barrier=do_full[st])
+                                T.tma_copy(Delta[b, h, m0 : m0 + block_m], delta_s[st * block_m : (st + 1) * block_m], barrier=do_full[st])
+                                T.barrier_arrive(do_full[st])
+                elif with_dq and tx < writer_end:
+                    for i in T.serial(n_pairs):
+                        for st in T.unroll(2):
+                            t = i * 2 + st
+                            if t < n_steps:
+                                h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
+                                T.barrier_wait(dq_full, st)  # one use per step: parity = t & 1
+                                # Issued and waited for (TMA has read dq_s) by the warp's first lane.
+                                T.atomic_add(dQacc[b, m0 : m0 + block_m, h, :], dq_s, use_tma=True)
+                                if tx == loader_end:
+                                    T.barrier_arrive(dq_empty)
+            else:
+                T.set_max_nreg(240, 1)
+                T.clear(dk)
+                T.clear(dv)
+                T.barrier_wait(bar_kv, 0)
+                for i in T.serial(n_pairs):
+                    for st in T.unroll(2):
+                        t = i * 2 + st
+                        if t < n_steps:
+                            h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
+                            T.barrier_wait(q_full[st], i & 1)
+                            T.wgmma_gemm(k_s, q_s[st, :, :], sT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                            T.barrier_wait(do_full[st], i & 1)
+                            T.wgmma_gemm(v_s, do_s[st, :, :], dpT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                            T.wait_wgmma(1)
+                            probabilities(sT, capT, lse_s, score_scale, cap_in, st * block_m)
+                            # Query rows past Sq are masked too (their lse/Delta are padding).
+                            interior = T.And(m0 + block_m <= Sq, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, off, Sk, left, right))
+                            if not interior:
+                                for r, c in T.Parallel(block_n, block_m):
+                                    sT[r, c] = T.if_then_else(visible(m0 + c, n0 + r, off, Sk, left, right), sT[r, c], 0)
+                            T.wait_wgmma(0)
+                            T.copy(sT, pT)
+                            T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
+                            score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
+                            if with_dq:
+                                T.copy(dsT, ds_s[st, :, :])
+                                T.fence_proxy_async()
+                            T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
+                            if with_dq:
+                                T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
+                                T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(q_empty[st])
+                            T.barrier_arrive(do_empty[st])
+                            if with_dq:
+                                T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
+                                T.copy(dq, dq_s)
+                                T.fence_proxy_async()
+                                T.barrier_arrive(dq_full)
+
+                # Both warpgroups' last GEMMs (dQ reads all of K) are done before K/V turn
+                # into the dK/dV staging tiles.
+                T.sync_threads(CONSUMERS_SYNC, threads)
+                T.copy(dk, k_s)
+                T.copy(dv, v_s)
+                T.fence_proxy_async()
+                T.sync_threads(CONSUMERS_SYNC, threads)
+                T.copy(k_s, dK[b, n0 : n0 + block_n, hk, :])
+                T.copy(v_s, dV[b, n0 : n0 + block_n, hk, :])
+
+    return main
