@@ -23,9 +23,10 @@ Roles (one CTA per key block of 128 keys, K and V stationary in shared memory):
       wait S^T; P^T = exp2(S^T - lse), mask        <- under dP^T
       wait dP^T; issue dV += P^T dO                (async, P^T from registers)
       dS^T = P^T (dP^T - Delta)                    <- under dV
-      dS^T -> shared; issue dK += dS^T Q           (async)
-      consumer barrier; issue dQ = dS K            (async, both halves of dS^T)
-      wait all; release the Q and dO stages; dQ -> shared for the writer
+      dS^T -> shared; consumer barrier
+      issue dQ = dS K (both halves of dS^T), then dK += dS^T Q   (async)
+      wait dQ; dQ -> shared for the writer         <- under dK
+      wait dK; release the Q and dO stages
 
 dS^T is double-buffered in shared memory so that a warpgroup running a step ahead never
 overwrites the half its partner's dQ GEMM still reads.
@@ -180,18 +181,20 @@ def attention_bwd_dkdv_ws(
                             if with_dq:
                                 T.copy(dsT, ds_s[st, :, :])
                                 T.fence_proxy_async()
-                            T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
-                            if with_dq:
                                 T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
+                                # dQ before dK: dQ's tile goes to the writer while dK runs.
                                 T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
-                            T.wait_wgmma(0)
-                            T.barrier_arrive(q_empty[st])
-                            T.barrier_arrive(do_empty[st])
-                            if with_dq:
+                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
+                                T.wait_wgmma(1)
                                 T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
                                 T.copy(dq, dq_s)
                                 T.fence_proxy_async()
                                 T.barrier_arrive(dq_full)
+                            else:
+                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(q_empty[st])
+                            T.barrier_arrive(do_empty[st])
 
                 # Both warpgroups' last GEMMs (dQ reads all of K) are done before K/V turn
                 # into the dK/dV staging tiles.

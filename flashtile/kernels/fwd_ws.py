@@ -8,9 +8,10 @@ One producer warpgroup issues TMA loads of K and V into two-stage rings guarded 
 mbarriers; two consumer warpgroups (64 query rows each) run, per key block t >= 1:
 
     issue S_t = Q K_t^T          (async WGMMA)
+    O *= alpha_{t-1}             <- under S_t
     issue O += P_{t-1} V_{t-1}   (async WGMMA, P in registers)
-    wait for S_t, release K_t; online softmax of S_t   <- overlaps the P V GEMM
-    wait for P V, release V_{t-1}; rescale O; P = cast(S_t)
+    wait for S_t, release K_t; online softmax of S_t   <- under the P V GEMM
+    wait for P V, release V_{t-1}; P = cast(S_t)
 
 TileLang's automatic pipeliner releases a K/V stage right after the GEMM *statement*, which
 is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmma``.
@@ -44,6 +45,11 @@ def attention_fwd_ws_kernel(
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+
+    @T.macro
+    def rescale(o, alpha):
+        for r, c in T.Parallel(block_m, dim_v):
+            o[r, c] *= alpha[r]
 
     @T.prim_func
     def main(
@@ -128,6 +134,7 @@ def attention_fwd_ws_kernel(
                         if t < n_blocks:
                             T.barrier_wait(k_full[1 - st], (i + st) & 1)
                             T.wgmma_gemm(q_s, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                            rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
                             T.barrier_wait(v_full[st], i & 1)
                             T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
                             T.wait_wgmma(1)
@@ -135,20 +142,16 @@ def attention_fwd_ws_kernel(
                             update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
                             T.wait_wgmma(0)
                             T.barrier_arrive(v_empty[st])
-                            for r, c in T.Parallel(block_m, dim_v):
-                                o[r, c] *= alpha[r]
                             T.copy(s, p)
-                # The last block's P V.
+                # The last block's P V (its V sits in stage (n_blocks - 1) % 2).
                 if n_blocks > 0:
                     last = n_blocks - 1
-                    if last % 2 == 0:
-                        T.barrier_wait(v_full[0], (last // 2) & 1)
-                        T.wgmma_gemm(p, v_s[0, :, :], o, policy=FULL_ROW)
-                        T.wait_wgmma(0)
-                    else:
-                        T.barrier_wait(v_full[1], (last // 2) & 1)
-                        T.wgmma_gemm(p, v_s[1, :, :], o, policy=FULL_ROW)
-                        T.wait_wgmma(0)
+                    for st in T.unroll(2):
+                        if last % 2 == st:
+                            rescale(o, alpha)
+                            T.barrier_wait(v_full[st], (last // 2) & 1)
+                            T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                            T.wait_wgmma(0)
 
                 finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale)
                 T.copy(o, o_s)
