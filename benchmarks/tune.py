@@ -2,6 +2,7 @@
 
     python3 benchmarks/tune.py fwd --headdim 128 --seqlen 4096 8192
     python3 benchmarks/tune.py bwd --headdim 128
+    python3 benchmarks/tune.py bwd_dq --headdim 128      # the deterministic dQ kernel
 
 Each line: pass, config, d, seqlen, causal, ms, ratio to cuDNN SDPA.  Failures (compile or
 launch) print one line and the sweep goes on.
@@ -36,9 +37,17 @@ BWD = {
 }
 
 
+DQ = {  # (block_m, block_n, stages, threads, manual_ws) of the deterministic dQ kernel
+    64: [(128, 64, 2, 256, 1), (128, 64, 2, 256, 0)],
+    128: [(128, 64, 2, 256, 1), (128, 64, 2, 256, 0)],
+    256: [(64, 64, 1, 128, 0)],
+}
+TABLES = {"fwd": FWD, "bwd": BWD, "bwd_dq": DQ}  # keys are also configs.overrides' keys
+
+
 def make_config(which, cfg):
-    cls = configs.FwdConfig if which == "fwd" else configs.BwdConfig
-    return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then manual_ws (fwd) / overlap, manual_ws (bwd)
+    cls = {"fwd": configs.FwdConfig, "bwd": configs.BwdConfig, "bwd_dq": configs.DqConfig}[which]
+    return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then the flags, in field order
 
 
 def prebuild(which, d, cfg, det):
@@ -83,7 +92,7 @@ def time_case(which, d, s, causal, total=16384, dtype=torch.bfloat16, gqa=1, det
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("which", choices=["fwd", "bwd"])
+    ap.add_argument("which", choices=list(TABLES))
     ap.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
     ap.add_argument("--seqlen", type=int, nargs="*", default=[4096])
     ap.add_argument("--gqa", type=int, default=1, help="nheads / nheads_kv")
@@ -94,7 +103,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="time the whole list this many times")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel prebuild processes")
     args = ap.parse_args()
-    table = FWD if args.which == "fwd" else BWD
+    table = TABLES[args.which]
+    args.det = args.det or args.which == "bwd_dq"
     todo = []
     for d in args.headdim:
         cands = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else table[d]

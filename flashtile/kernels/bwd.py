@@ -347,7 +347,12 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
     main = cache.get(builder, cfg, with_dq=not deterministic, **static)
     dq = None
     if deterministic:
-        dq = cache.get(attention_bwd_dq, configs.bwd_dq_config(dim, dim_v, dtype), **static)
+        dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype)
+        if dq_cfg.manual_ws:
+            from .bwd_ws import attention_bwd_dq_ws as dq_builder
+        else:
+            dq_builder = attention_bwd_dq
+        dq = cache.get(dq_builder, dq_cfg, **static)
     return prep, main, dq
 
 

@@ -37,7 +37,8 @@ import tilelang.language as T
 
 from .bwd import query_step, score_gradients
 from .fwd import PASS_CONFIGS, TARGET
-from .masks import block_fully_visible, query_block_range, visible
+from .masks import block_fully_visible, query_block_range, query_tile, visible
+from .ring import kv_ring_producer
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
 FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
@@ -205,5 +206,111 @@ def attention_bwd_dkdv_ws(
                 T.sync_threads(CONSUMERS_SYNC, threads)
                 T.copy(k_s, dK[b, n0 : n0 + block_n, hk, :])
                 T.copy(v_s, dV[b, n0 : n0 + block_n, hk, :])
+
+    return main
+
+
+@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def attention_bwd_dq_ws(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_softcap: bool,
+    block_m: int = 128,
+    block_n: int = 64,
+    num_stages: int = 2,
+    threads: int = 256,
+):
+    """Deterministic dQ with hand-written warp specialisation; arguments as ``bwd.attention_bwd_dq``.
+
+    One CTA per (query block, head, batch) owns its dQ rows and walks the key blocks in order,
+    so the sum is fixed.  Q and dO stay in shared memory; a producer warpgroup streams K and V
+    through the two-stage ring of ``ring.py``.  Each consumer warpgroup (64 query rows) runs,
+    per key block: S = Q K^T and dP = dO V^T issued together, P under dP, then
+    dQ += dS K with dS straight from registers (no shared-memory round trip, no consumer
+    barrier: the two warpgroups run free of each other and fill each other's gaps).
+    """
+    assert (block_m, num_stages, threads) == (128, 2, 256), "the hand-written ring is 2 stages, 2 consumer warpgroups"
+    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    acc = T.float32
+    total = threads + 128
+    probabilities, score_grad = score_gradients(block_m, block_n, False, has_softcap)
+    load_kv = kv_ring_producer(block_n)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        dO: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE2: T.Tensor([B, H, Sqp], acc),
+        Delta: T.Tensor([B, H, Sqp], acc),
+        dQ: T.Tensor([B, Sq, H, dim], dtype),
+        score_scale: T.float32,
+        sm_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
+            q_s = T.alloc_shared([block_m, dim], dtype)  # holds dQ for the store at the end
+            do_s = T.alloc_shared([block_m, dim_v], dtype)
+            k_s = T.alloc_shared([2, block_n, dim], dtype)
+            v_s = T.alloc_shared([2, block_n, dim_v], dtype)
+            lse = T.alloc_fragment([block_m], acc)
+            delta = T.alloc_fragment([block_m], acc)
+            s = T.alloc_fragment([block_m, block_n], acc)
+            dp = T.alloc_fragment([block_m, block_n], acc)
+            ds = T.alloc_fragment([block_m, block_n], dtype)
+            dq = T.alloc_fragment([block_m, dim], acc)
+            cap = T.alloc_fragment([block_m, block_n], acc) if has_softcap else None
+
+            bar_qdo = T.alloc_barrier(arrive_count=total)
+            k_full = T.alloc_barrier(arrive_count=[128, 128])
+            v_full = T.alloc_barrier(arrive_count=[128, 128])
+            k_empty = T.alloc_barrier(arrive_count=[threads, threads])
+            v_empty = T.alloc_barrier(arrive_count=[threads, threads])
+
+            tx = T.get_thread_binding()
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
+            hk = h // (H // Hkv)
+            off = Sk - Sq
+
+            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_qdo)
+            T.tma_copy(dO[b, m0 : m0 + block_m, h, :], do_s, barrier=bar_qdo)
+            T.barrier_arrive(bar_qdo)
+
+            if tx >= threads:  # producer
+                T.set_max_nreg(24, 0)
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)
+            else:  # two consumer warpgroups
+                T.set_max_nreg(240, 1)
+                T.copy(LSE2[b, h, m0 : m0 + block_m], lse)
+                T.copy(Delta[b, h, m0 : m0 + block_m], delta)
+                T.clear(dq)
+                T.barrier_wait(bar_qdo, 0)
+                for i in T.serial(T.ceildiv(n_blocks, 2)):
+                    for st in T.unroll(2):
+                        t = i * 2 + st
+                        if t < n_blocks:
+                            n0 = (kb_lo + t) * block_n
+                            T.barrier_wait(k_full[st], i & 1)
+                            T.wgmma_gemm(q_s, k_s[st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                            T.barrier_wait(v_full[st], i & 1)
+                            T.wgmma_gemm(do_s, v_s[st, :, :], dp, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                            T.wait_wgmma(1)
+                            probabilities(s, cap, lse, score_scale, cap_in)
+                            if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
+                                for r, c in T.Parallel(block_m, block_n):
+                                    s[r, c] = T.if_then_else(visible(m0 + r, n0 + c, off, Sk, left, right), s[r, c], 0)
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(v_empty[st])
+                            score_grad(ds, s, dp, delta, cap, sm_scale)
+                            T.wgmma_gemm(ds, k_s[st, :, :], dq, policy=FULL_ROW)
+                            T.wait_wgmma(0)
+                            T.barrier_arrive(k_empty[st])
+
+                T.copy(dq, q_s)
+                T.copy(q_s, dQ[b, m0 : m0 + block_m, h, :])
 
     return main

@@ -51,9 +51,10 @@ class DqConfig:
     block_n: int  # keys per main-loop step
     num_stages: int
     threads: int
+    manual_ws: bool = False  # hand-written warp specialisation (kernels/bwd_ws.py), not the builder's
 
     def as_kwargs(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "manual_ws"}
 
 
 # Tuning hook (benchmarks/tune.py): pass name -> config that replaces the table's answer.
@@ -118,7 +119,7 @@ def bwd_dq_config(dim: int, dim_v: int, dtype: torch.dtype) -> DqConfig:
         return overrides["bwd_dq"]
     widest = max(dim, dim_v)
     if widest <= 128:
-        return DqConfig(block_m=128, block_n=64, num_stages=2, threads=256)
+        return DqConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True)
     return DqConfig(block_m=64, block_n=64, num_stages=1, threads=128)
 
 

@@ -22,6 +22,7 @@ import tilelang.language as T
 
 from .fwd import PASS_CONFIGS, TARGET
 from .masks import query_tile
+from .ring import kv_ring_producer
 from .softmax import online_softmax
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
@@ -45,6 +46,7 @@ def attention_fwd_ws_kernel(
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+    load_kv = kv_ring_producer(block_n)
 
     @T.macro
     def rescale(o, alpha):
@@ -92,7 +94,6 @@ def attention_fwd_ws_kernel(
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             hk = h // (H // Hkv)
             off = Sk - Sq
-            n_pairs = T.ceildiv(n_blocks, 2)
             mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
 
             T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
@@ -100,17 +101,7 @@ def attention_fwd_ws_kernel(
 
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                for i in T.serial(n_pairs):
-                    for st in T.unroll(2):
-                        t = i * 2 + st
-                        if t < n_blocks:
-                            n0 = (kb_lo + t) * block_n
-                            T.barrier_wait(k_empty[st], (i & 1) ^ 1)
-                            T.tma_copy(K[b, n0 : n0 + block_n, hk, :], k_s[st, :, :], barrier=k_full[st])
-                            T.barrier_arrive(k_full[st])
-                            T.barrier_wait(v_empty[st], (i & 1) ^ 1)
-                            T.tma_copy(V[b, n0 : n0 + block_n, hk, :], v_s[st, :, :], barrier=v_full[st])
-                            T.barrier_arrive(v_full[st])
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)
             else:  # two consumer warpgroups
                 T.set_max_nreg(240, 1)
                 T.clear(o)

@@ -1,0 +1,30 @@
+"""The producer side of the hand-written kernels' two-stage K/V ring (``fwd_ws``, ``bwd_ws``).
+
+Stage ``t % 2`` holds key block ``t``; each stage has a full barrier (the producer's TMA
+bytes landed) and an empty barrier (every consumer thread is done reading).  Steps are walked
+two per trip so that stage indices are compile-time constants.
+"""
+
+import tilelang.language as T
+
+
+def kv_ring_producer(block_n: int):
+    """Macro ``load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)``:
+    TMA-load key blocks ``kb_lo .. kb_lo + n_blocks - 1`` of head ``hk`` into the ring.  Run by
+    one warpgroup (the full barriers count its 128 arrivals)."""
+
+    @T.macro
+    def load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b):
+        for i in T.serial(T.ceildiv(n_blocks, 2)):
+            for st in T.unroll(2):
+                t = i * 2 + st
+                if t < n_blocks:
+                    n0 = (kb_lo + t) * block_n
+                    T.barrier_wait(k_empty[st], (i & 1) ^ 1)  # passes at once on a fresh barrier
+                    T.tma_copy(K[b, n0 : n0 + block_n, hk, :], k_s[st, :, :], barrier=k_full[st])
+                    T.barrier_arrive(k_full[st])
+                    T.barrier_wait(v_empty[st], (i & 1) ^ 1)
+                    T.tma_copy(V[b, n0 : n0 + block_n, hk, :], v_s[st, :, :], barrier=v_full[st])
+                    T.barrier_arrive(v_full[st])
+
+    return load_kv
