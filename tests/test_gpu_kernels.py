@@ -325,8 +325,13 @@ def test_kernel_vs_reference(g: G):
 # --------------------------------------------------------------------------------------------
 
 DETERMINISM = [
+    # d <= 128: dQ adds ordered by tickets inside the hand-written dK/dV kernel
     G(333, 517, 128, 128, 8, 2, "causal", BF16, batch=2),  # GQA, causal, odd lengths
     G(255, 255, 128, 128, 4, 1, "win(64,64)", BF16, sinks=True, batch=2),
+    G(700, 301, 64, 64, 4, 4, "none", FP16, batch=2),  # Sq > Sk, 11 query blocks per key block
+    # dQ by its own kernel: softcap (hand-written dQ kernel) and d=256 (auto-pipelined)
+    G(257, 190, 128, 128, 4, 2, "causal", BF16, softcap=30.0),
+    G(200, 333, 256, 256, 2, 2, "none", BF16),
 ]
 
 
