@@ -15,11 +15,9 @@ Three steps, as in FlashAttention-2/3:
    (unordered float atomics, fast, not bitwise reproducible).  With ``overlap`` (the table's
    choice up to d=128) S^T and dP^T are issued as async WGMMA and P is computed while dP^T
    runs.
-3. dQ: that fp32 buffer cast to the input dtype.  With ``deterministic=True`` the
-   hand-written dK/dV kernel (``bwd_ws``, head dims up to 128) adds a query block's dQ tiles in
-   key-block order, handed on by a ticket per query block; otherwise ``attention_bwd_dq`` (or
-   its hand-written twin) computes dQ alone: one CTA per query block that owns its dQ rows and
-   loops over the key blocks (recomputing S and dP), so every sum happens in a fixed order.
+3. dQ: either that fp32 buffer cast to the input dtype, or, with ``deterministic=True``,
+   ``attention_bwd_dq``: one CTA per query block that owns its dQ rows and loops over the key
+   blocks (recomputing S and dP), so every sum happens in a fixed order.
 
 dsinks = -sum_{b,i} exp(sink_h - lse_i) * Delta_i is a tiny reduction done by PyTorch.
 """
@@ -140,11 +138,10 @@ def attention_bwd_dkdv(
     """dK, dV (and with ``with_dq`` the fp32 dQ accumulation) for one key block per CTA.
 
     Arguments: Q, K, V, dO, LSE2, Delta, dQacc (B, Sq, H, dim) fp32 (zeroed by the caller;
-    untouched without ``with_dq``), DqSem (B, H, n) int32 (the hand-written kernel's dQ
-    tickets; not read here), dK, dV outputs, then scalars ``score_scale`` (log2 units,
+    untouched without ``with_dq``), dK, dV outputs, then scalars ``score_scale`` (log2 units,
     as in the forward), ``sm_scale``, ``cap_in``, ``left``, ``right``.
     """
-    B, Sq, Sqp, Sqb, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sqb, Sk, H, Hkv")
+    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     # A WGMMA warpgroup owns 64 rows of its tile.  When the key block is shorter than the
     # consumer warpgroups stacked (d=256: 64 keys, but dK + dV need two warpgroups' registers)
@@ -163,7 +160,6 @@ def attention_bwd_dkdv(
         LSE2: T.Tensor([B, H, Sqp], acc),
         Delta: T.Tensor([B, H, Sqp], acc),
         dQacc: T.Tensor([B, Sq, H, dim], acc),
-        DqSem: T.Tensor([B, H, Sqb], T.int32),
         dK: T.Tensor([B, Sk, Hkv, dim], dtype),
         dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
         score_scale: T.float32,
@@ -338,21 +334,17 @@ def attention_bwd_dq(
 
 
 def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool, window=(-1, -1)):
-    """(preprocess, dK/dV main, separate deterministic dQ or None) for one static structure.
-
-    Deterministic mode: the hand-written dK/dV kernel orders its dQ adds itself
-    (``ordered_dq``); the auto-pipelined one leaves dQ to ``attention_bwd_dq``.
-    """
+    """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure."""
     from . import cache, configs
 
     prep = cache.get(attention_bwd_preprocess, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap)
     cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window), has_softcap)
     if cfg.manual_ws:
-        from .bwd_ws import attention_bwd_dkdv_ws
-
-        return prep, cache.get(attention_bwd_dkdv_ws, cfg, ordered_dq=deterministic, **static), None
-    main = cache.get(attention_bwd_dkdv, cfg, with_dq=not deterministic, **static)
+        from .bwd_ws import attention_bwd_dkdv_ws as builder
+    else:
+        builder = attention_bwd_dkdv
+    main = cache.get(builder, cfg, with_dq=not deterministic, **static)
     dq = None
     if deterministic:
         dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype)
@@ -362,14 +354,6 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
             dq_builder = attention_bwd_dq
         dq = cache.get(dq_builder, dq_cfg, **static)
     return prep, main, dq
-
-
-def _dq_tickets(b: int, h: int, n_qblocks: int, device):
-    """Per (batch, head, 64-row query block) add order of the deterministic dQ (zeros); the
-    default mode passes a (b, h, 1) placeholder the kernels never read."""
-    import torch
-
-    return torch.zeros(b, h, n_qblocks, dtype=torch.int32, device=device)
 
 
 def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
@@ -406,14 +390,13 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
         scalars = (softcap * LOG2E, softmax_scale, softmax_scale / softcap, left, right)
     else:
         scalars = (softmax_scale * LOG2E, softmax_scale, 0.0, left, right)
-    if dq_kernel is not None:  # deterministic, dQ by its own kernel
+    if deterministic:
         dq_acc = torch.empty(b, sq, h, d, dtype=torch.float32, device=q.device)  # not touched
-        dkdv(q, k, v, dout, lse2, delta, dq_acc, _dq_tickets(b, h, 1, q.device), dk, dv, *scalars)
+        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars)
         dq_kernel(q, k, v, dout, lse2, delta, dq, *scalars)
     else:
         dq_acc = torch.zeros(b, sq, h, d, dtype=torch.float32, device=q.device)
-        tickets = _dq_tickets(b, h, (sq + 63) // 64 if deterministic else 1, q.device)
-        dkdv(q, k, v, dout, lse2, delta, dq_acc, tickets, dk, dv, *scalars)
+        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars)
         dq.copy_(dq_acc)  # postprocess: fp32 accumulator -> input dtype
 
     dsinks = None

@@ -14,7 +14,7 @@ Roles (one CTA per key block of 128 keys, K and V stationary in shared memory):
 * loader warp: TMA loads of Q + lse and dO + Delta for each step into two-stage rings
   (full/empty mbarriers), walking every (query head of the GQA group, query block) pair that
   can see this key block;
-* dQ writer warp: waits until the consumers have put a step's dQ tile into
+* dQ writer warp (default mode): waits until the consumers have put a step's dQ tile into
   shared memory, issues its TMA reduce-add into the fp32 accumulator, waits until TMA has read
   the tile and hands the buffer back;
 * two consumer warpgroups (64 keys each), per step:
@@ -37,7 +37,7 @@ import tilelang.language as T
 
 from .bwd import query_step, score_gradients
 from .fwd import PASS_CONFIGS, TARGET
-from .masks import block_fully_visible, key_block_range, query_block_range, query_tile, visible
+from .masks import block_fully_visible, query_block_range, query_tile, visible
 from .ring import kv_ring_producer
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
@@ -54,25 +54,16 @@ def attention_bwd_dkdv_ws(
     dim_v: int,
     dtype: str,
     has_softcap: bool,
-    ordered_dq: bool = False,
+    with_dq: bool,
     block_n: int = 128,
     block_m: int = 64,
     num_stages: int = 2,
     threads: int = 256,
     overlap: bool = True,
 ):
-    """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv`` (dQ is always accumulated).
-
-    ``ordered_dq`` (deterministic mode): the dQ writer adds a query block's tile only after
-    every key block to its left has added its own, so each dQ element is summed in key-block
-    order and the result is bitwise reproducible.  The order is a ticket per (batch, head,
-    query block) in ``DqSem`` (int32, zeroed by the caller): key block j waits until the
-    ticket equals its rank among the key blocks that see the query block, adds, waits until
-    the add has landed, then bumps the ticket.  Lower key blocks have lower block ids, so they
-    are resident or finished whenever a higher one waits: no deadlock.
-    """
+    """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
-    B, Sq, Sqp, Sqb, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sqb, Sk, H, Hkv")
+    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
     loader_end, writer_end = threads + 32, threads + 64
@@ -87,7 +78,6 @@ def attention_bwd_dkdv_ws(
         LSE2: T.Tensor([B, H, Sqp], acc),
         Delta: T.Tensor([B, H, Sqp], acc),
         dQacc: T.Tensor([B, Sq, H, dim], acc),
-        DqSem: T.Tensor([B, H, Sqb], T.int32),
         dK: T.Tensor([B, Sk, Hkv, dim], dtype),
         dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
         score_scale: T.float32,
@@ -112,8 +102,9 @@ def attention_bwd_dkdv_ws(
             dk = T.alloc_fragment([block_n, dim], acc)
             dv = T.alloc_fragment([block_n, dim_v], acc)
             capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
-            dq = T.alloc_fragment([block_m, dim], acc)
-            dq_s = T.alloc_shared([block_m, dim], acc)
+            if with_dq:
+                dq = T.alloc_fragment([block_m, dim], acc)
+                dq_s = T.alloc_shared([block_m, dim], acc)
 
             bar_kv = T.alloc_barrier(arrive_count=total)
             q_full = T.alloc_barrier(arrive_count=[32, 32])
@@ -152,26 +143,16 @@ def attention_bwd_dkdv_ws(
                                 T.tma_copy(dO[b, m0 : m0 + block_m, h, :], do_s[st, :, :], barrier=do_full[st])
                                 T.tma_copy(Delta[b, h, m0 : m0 + block_m], delta_s[st * block_m : (st + 1) * block_m], barrier=do_full[st])
                                 T.barrier_arrive(do_full[st])
-                elif tx < writer_end:
+                elif with_dq and tx < writer_end:
                     for i in T.serial(n_pairs):
                         for st in T.unroll(2):
                             t = i * 2 + st
                             if t < n_steps:
                                 h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
                                 T.barrier_wait(dq_full, st)  # one use per step: parity = t & 1
-                                if ordered_dq:
-                                    qb = m0 // block_m
-                                    ticket = bx - key_block_range(m0, block_m, block_n, Sq, Sk, left, right)[0]
-                                    if tx == loader_end:
-                                        while T.atomic_load(DqSem[b, h, qb], memory_order="acquire") != ticket:
-                                            T.evaluate(0)
                                 # Issued and waited for (TMA has read dq_s) by the warp's first lane.
                                 T.atomic_add(dQacc[b, m0 : m0 + block_m, h, :], dq_s, use_tma=True)
                                 if tx == loader_end:
-                                    if ordered_dq:
-                                        T.tma_store_wait(0, False)  # the add has landed, not just been read
-                                        T.fence_proxy_async()
-                                        T.atomic_store(DqSem[b, h, qb], ticket + 1, memory_order="release")
                                     T.barrier_arrive(dq_empty)
             else:
                 T.set_max_nreg(240, 1)
@@ -198,17 +179,20 @@ def attention_bwd_dkdv_ws(
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
                             score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
-                            T.copy(dsT, ds_s[st, :, :])
-                            T.fence_proxy_async()
-                            T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
-                            # dQ before dK: dQ's tile goes to the writer while dK runs.
-                            T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
-                            T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
-                            T.wait_wgmma(1)
-                            T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
-                            T.copy(dq, dq_s)
-                            T.fence_proxy_async()
-                            T.barrier_arrive(dq_full)
+                            if with_dq:
+                                T.copy(dsT, ds_s[st, :, :])
+                                T.fence_proxy_async()
+                                T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
+                                # dQ before dK: dQ's tile goes to the writer while dK runs.
+                                T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
+                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
+                                T.wait_wgmma(1)
+                                T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
+                                T.copy(dq, dq_s)
+                                T.fence_proxy_async()
+                                T.barrier_arrive(dq_full)
+                            else:
+                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
                             T.wait_wgmma(0)
                             T.barrier_arrive(q_empty[st])
                             T.barrier_arrive(do_empty[st])
