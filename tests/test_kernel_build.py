@@ -103,12 +103,14 @@ def _overlapped_kernel(which: str, has_softcap: bool):
         return get_forward_kernel(128, 128, "bfloat16", True, has_softcap)
     from flashtile.kernels.bwd import get_backward_kernels
 
+    if which == "dq":  # the deterministic mode's dQ kernel
+        return get_backward_kernels(128, 128, "bfloat16", has_softcap, False, True)[2]
     return get_backward_kernels(128, 128, "bfloat16", has_softcap, False, False)[1]
 
 
 @pytest.mark.parametrize(
     "which,has_softcap,overlapped",
-    [("fwd", False, True), ("fwd", True, True), ("bwd", False, True), ("bwd", True, False)],
+    [("fwd", False, True), ("fwd", True, True), ("bwd", False, True), ("bwd", True, False), ("dq", False, True), ("dq", True, True)],
 )
 def test_overlapped_kernels_keep_wgmma_async(which, has_softcap, overlapped, tmp_path):
     """The d=128 kernels issue WGMMAs asynchronously and compute under them; that only pays

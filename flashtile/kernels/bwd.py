@@ -347,7 +347,7 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
     main = cache.get(builder, cfg, with_dq=not deterministic, **static)
     dq = None
     if deterministic:
-        dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype)
+        dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype, has_softcap)
         if dq_cfg.manual_ws:
             from .bwd_ws import attention_bwd_dq_ws as dq_builder
         else:
