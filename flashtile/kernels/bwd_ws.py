@@ -1,7 +1,10 @@
-"""dK/dV backward with hand-written warp specialisation (head dims up to 128).
+"""Backward kernels with hand-written warp specialisation (head dims up to 128).
 
-Same arguments, semantics and static structure as ``bwd.attention_bwd_dkdv``; the tile table
-(``configs.bwd_config``, ``manual_ws=True``) picks it where it measured faster.
+``attention_bwd_dkdv_ws``: same arguments, semantics and static structure as
+``bwd.attention_bwd_dkdv``; the tile table (``configs.bwd_config``, ``manual_ws=True``) picks
+it where it measured faster (H200 d=128: -9.5% time against the auto-pipelined kernel, -3..-6%
+more with dQ issued before dK).  ``attention_bwd_dq_ws`` (end of file) is the deterministic
+mode's dQ kernel (``configs.bwd_dq_config``).
 
 Why by hand: under TileLang's automatic pipeliner a shared-memory stage is released right
 after the last GEMM *statement* that reads it, so the dV, dK and dQ GEMMs have to be
@@ -66,7 +69,8 @@ def attention_bwd_dkdv_ws(
     B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
-    loader_end, writer_end = threads + 32, threads + 64
+    loader_end, writer_end = threads + 32, threads + 64  # producer warps 0 and 1
+    writer_lane0 = loader_end  # issues the dQ reduce-add (TileLang elects the range's first thread)
     probabilities, score_grad = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.prim_func
@@ -152,7 +156,7 @@ def attention_bwd_dkdv_ws(
                                 T.barrier_wait(dq_full, st)  # one use per step: parity = t & 1
                                 # Issued and waited for (TMA has read dq_s) by the warp's first lane.
                                 T.atomic_add(dQacc[b, m0 : m0 + block_m, h, :], dq_s, use_tma=True)
-                                if tx == loader_end:
+                                if tx == writer_lane0:
                                     T.barrier_arrive(dq_empty)
             else:
                 T.set_max_nreg(240, 1)

@@ -99,12 +99,12 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
         return overrides["bwd"]
     widest = max(dim, dim_v)
     if widest <= 128:
-        # S^T and dP^T as async WGMMA with P computed under dP^T: -2.5% (d=128) and -3%
-        # (d=64) time against the synchronous schedule, interleaved A/B on H200, 4k.  Earlier
-        # sweeps: 64x64/128 threads 0.45x, 128x32 0.53x (dQ GEMM M=32 cannot use WGMMA),
-        # 64x128 does not fit shared memory, 1 or 3 stages slower; d=64 128x128x1 matched
-        # 128x64x2 within noise.  Softcap stays synchronous: its tanh tile would be live under
-        # the async dP^T too (124 bytes of spills instead of 80).
+        # Hand-written warp specialisation (bwd_ws.py, every GEMM async): H200 d=128 4k 2.80-2.85
+        # ms against 3.23-3.31 for the auto-pipelined kernel with S^T/dP^T async (0.95-0.99x
+        # cuDNN), d=64 -21%.  Earlier sweeps of the auto kernel: 64x64/128 threads 0.45x,
+        # 128x32 0.53x (dQ GEMM M=32 cannot use WGMMA), 64x128 does not fit shared memory, 1 or
+        # 3 stages slower.  Softcap keeps the synchronous auto kernel: its tanh tile spills 272
+        # bytes in the hand-written one (80 in the synchronous one, 124 with async S^T/dP^T).
         if has_softcap:
             return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256)
         return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True)
