@@ -203,8 +203,11 @@ def attention_bwd_dkdv(
             T.clear(dv)
 
             # One flat loop over (query head in the GQA group, query block) keeps the pipeline full.
-            for t in T.Pipelined(groups * n_qblocks, num_stages=num_stages):
-                h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
+            # At least one (fully masked, so contributing nothing) trip: K and V are loaded even
+            # for a key block no query sees, the pipeliner waits for them only inside the loop,
+            # and dK/dV's staging tiles share K's shared memory (see the forward kernel).
+            for t in T.Pipelined(T.max(groups * n_qblocks, 1), num_stages=num_stages):
+                h, m0 = query_step(t, hk, groups, qb_lo, T.max(n_qblocks, 1), block_m)
                 T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
                 T.copy(LSE2[b, h, m0 : m0 + block_m], lse_s)
                 if overlap:
@@ -313,7 +316,7 @@ def attention_bwd_dq(
             T.copy(Delta[b, h, m0 : m0 + block_m], delta)
             T.clear(dq)
 
-            for t in T.Pipelined(n_blocks, num_stages=num_stages):
+            for t in T.Pipelined(T.max(n_blocks, 1), num_stages=num_stages):  # >= 1 trip: see the forward
                 n0 = (kb_lo + t) * block_n
                 T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
                 T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)

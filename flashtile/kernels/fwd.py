@@ -89,7 +89,11 @@ def attention_fwd_kernel(
             T.clear(l)
             T.fill(m, -T.infinity(acc))
 
-            for t in T.Pipelined(n_blocks, num_stages=num_stages):
+            # At least one trip: a tile with no visible key still gets its Q load issued, and
+            # the pipeliner only waits for it inside the loop; the output's staging tile shares
+            # Q's shared memory, so an empty loop let the load land on the output (seen on an
+            # H100).  The extra trip is a masked block (no visible key): it adds nothing.
+            for t in T.Pipelined(T.max(n_blocks, 1), num_stages=num_stages):
                 kb = kb_lo + t
                 n0 = kb * block_n
                 T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
