@@ -427,3 +427,30 @@ def test_empty_sequences(sinks):
     with debug.poison():
         out0, lse0 = flash_attn_func(q0, k0, k0, sinks=s, causal=True, return_lse=True)
     assert out0.shape == (2, 0, h, 128) and lse0.shape == (2, h, 0)
+
+
+@pytest.mark.parametrize("d,dv,softcap", [(64, 64, 0.0), (192, 128, 0.0), (256, 256, 0.0), (128, 128, 30.0)], ids=["d64", "d192v128", "d256", "d128-softcap"])
+def test_tiles_that_see_nothing_write_exact_zeros(d, dv, softcap):
+    """Window (0, 0) with lengths far apart leaves whole query tiles with no visible key
+    (seqlen_q >> seqlen_k) and whole key blocks that no query sees (seqlen_k >> seqlen_q).
+    Their outputs must be exact zeros (out, dk, dv) and lse -inf, on every run.  The
+    auto-pipelined kernels (these head dims; softcap's backward) once raced there: the tile's
+    first TMA loads were waited for only inside the skipped loop and landed on the output's
+    staging tile (seen on an H100)."""
+    torch.manual_seed(0)
+    for sq, sk in ((700, 3), (3, 700)):
+        q = torch.randn(2, sq, 4, d, device="cuda", dtype=BF16, requires_grad=True)
+        k = torch.randn(2, sk, 2, d, device="cuda", dtype=BF16, requires_grad=True)
+        v = torch.randn(2, sk, 2, dv, device="cuda", dtype=BF16, requires_grad=True)
+        dout = torch.randn(2, sq, 4, dv, device="cuda", dtype=BF16)
+        off = sk - sq  # row i sees key i + off only (bottom-right aligned window (0, 0))
+        blind_rows = [i for i in range(sq) if not 0 <= i + off < sk]
+        unseen_keys = [j for j in range(sk) if not 0 <= j - off < sq]
+        for run in range(10):
+            with debug.poison():
+                out, lse = flash_attn_func(q, k, v, window_size=(0, 0), softcap=softcap, return_lse=True)
+                _, dk, dv_ = torch.autograd.grad(out, (q, k, v), dout)
+            where = f"sq={sq} sk={sk} run {run}"
+            assert torch.equal(out[:, blind_rows], torch.zeros_like(out[:, blind_rows])), f"{where}: rows that see no key must output exact zeros"
+            assert torch.isneginf(lse[:, :, blind_rows]).all(), f"{where}: rows that see no key must have lse -inf"
+            assert (dk[:, unseen_keys] == 0).all() and (dv_[:, unseen_keys] == 0).all(), f"{where}: keys no query sees must get zero dk/dv"
