@@ -27,7 +27,7 @@ import tilelang
 import tilelang.language as T
 
 from .fwd import LOG2E, PASS_CONFIGS, TARGET
-from .masks import block_fully_visible, query_block_range, query_tile, visible
+from .masks import block_fully_visible, pipelined_trips, query_block_range, query_tile, visible
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -87,7 +87,8 @@ def query_step(t, hk, groups, qb_lo, n_qblocks, block_m):
 
 
 def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bool):
-    """(probabilities, score_grad) macros for a rows x cols score tile of either backward kernel.
+    """(probabilities, score_grad, keep_visible) macros for a rows x cols score tile of either
+    backward kernel.
 
     The dK/dV kernel holds S^T (keys x queries: ``queries_on_cols``), the dQ kernel S, so the
     per-query lse and Delta are indexed by column or by row.  ``cap`` (the tanh tile) is only
@@ -99,6 +100,8 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
     softcap's factor 1 - tanh^2.
     ``stat_offset`` (optional, last) is where this tile's queries start in ``lse`` / ``delta``:
     the hand-written kernel keeps both ring stages in one flat buffer.
+    ``keep_visible(p, interior, m0, n0, off, Sk, left, right)``: zero P where the key is not
+    visible to the query; ``interior`` (the caller's test for a tile that needs no mask) skips it.
     """
 
     @T.macro
@@ -119,7 +122,68 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
             for i, j in T.Parallel(rows, cols):
                 ds[i, j] = p[i, j] * (dp[i, j] - delta[stat_offset + (j if queries_on_cols else i)]) * sm_scale
 
-    return probabilities, score_grad
+    @T.macro
+    def keep_visible(p, interior, m0, n0, off, Sk, left, right):
+        if not interior:
+            for i, j in T.Parallel(rows, cols):
+                q, k = (j, i) if queries_on_cols else (i, j)
+                p[i, j] = T.if_then_else(visible(m0 + q, n0 + k, off, Sk, left, right), p[i, j], 0)
+
+    return probabilities, score_grad, keep_visible
+
+
+def dkdv_prim_func(shapes, dim: int, dim_v: int, dtype: str, kernel):
+    """The dK/dV kernels' PrimFunc, one argument list for both schedules (see
+    ``attention_bwd_dkdv``): ``kernel`` is the schedule's T.macro, called with the arguments.
+    ``shapes`` = the symbolic (B, Sq, Sqp, Sk, H, Hkv) its grid and indices use."""
+    B, Sq, Sqp, Sk, H, Hkv = shapes
+    acc = T.float32
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        dO: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE2: T.Tensor([B, H, Sqp], acc),
+        Delta: T.Tensor([B, H, Sqp], acc),
+        dQacc: T.Tensor([B, Sq, H, dim], acc),
+        dK: T.Tensor([B, Sk, Hkv, dim], dtype),
+        dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        score_scale: T.float32,
+        sm_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right)
+
+    return main
+
+
+def dq_prim_func(shapes, dim: int, dim_v: int, dtype: str, kernel):
+    """The deterministic dQ kernels' PrimFunc (see ``attention_bwd_dq``), as ``dkdv_prim_func``."""
+    B, Sq, Sqp, Sk, H, Hkv = shapes
+    acc = T.float32
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        dO: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE2: T.Tensor([B, H, Sqp], acc),
+        Delta: T.Tensor([B, H, Sqp], acc),
+        dQ: T.Tensor([B, Sq, H, dim], dtype),
+        score_scale: T.float32,
+        sm_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right)
+
+    return main
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -141,33 +205,18 @@ def attention_bwd_dkdv(
     untouched without ``with_dq``), dK, dV outputs, then scalars ``score_scale`` (log2 units,
     as in the forward), ``sm_scale``, ``cap_in``, ``left``, ``right``.
     """
-    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    shapes = B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     # A WGMMA warpgroup owns 64 rows of its tile.  When the key block is shorter than the
     # consumer warpgroups stacked (d=256: 64 keys, but dK + dV need two warpgroups' registers)
     # the warpgroups split columns instead, and P^T / dS^T go through shared memory: a
     # column-split fragment cannot be the register A operand of the dV / dK GEMMs.
     split_cols = block_n < 64 * (threads // 128)
-    probabilities, score_grad = score_gradients(block_n, block_m, True, has_softcap)
+    probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
     policy = T.GemmWarpPolicy.FullCol if split_cols else T.GemmWarpPolicy.FullRow
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, Sq, H, dim], dtype),
-        K: T.Tensor([B, Sk, Hkv, dim], dtype),
-        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        dO: T.Tensor([B, Sq, H, dim_v], dtype),
-        LSE2: T.Tensor([B, H, Sqp], acc),
-        Delta: T.Tensor([B, H, Sqp], acc),
-        dQacc: T.Tensor([B, Sq, H, dim], acc),
-        dK: T.Tensor([B, Sk, Hkv, dim], dtype),
-        dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        score_scale: T.float32,
-        sm_scale: T.float32,
-        cap_in: T.float32,
-        left: T.int32,
-        right: T.int32,
-    ):
+    @T.macro
+    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right):
         with T.Kernel(T.ceildiv(Sk, block_n), Hkv, B, threads=threads) as (bx, hk, b):
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
@@ -203,11 +252,9 @@ def attention_bwd_dkdv(
             T.clear(dv)
 
             # One flat loop over (query head in the GQA group, query block) keeps the pipeline full.
-            # At least one (fully masked, so contributing nothing) trip: K and V are loaded even
-            # for a key block no query sees, the pipeliner waits for them only inside the loop,
-            # and dK/dV's staging tiles share K's shared memory (see the forward kernel).
-            for t in T.Pipelined(T.max(groups * n_qblocks, 1), num_stages=num_stages):
-                h, m0 = query_step(t, hk, groups, qb_lo, T.max(n_qblocks, 1), block_m)
+            # A key block no query sees still takes one trip, over query block qb_lo.
+            for t in T.Pipelined(pipelined_trips(groups * n_qblocks), num_stages=num_stages):
+                h, m0 = query_step(t, hk, groups, qb_lo, pipelined_trips(n_qblocks), block_m)
                 T.copy(Q[b, m0 : m0 + block_m, h, :], q_s)
                 T.copy(LSE2[b, h, m0 : m0 + block_m], lse_s)
                 if overlap:
@@ -224,9 +271,7 @@ def attention_bwd_dkdv(
                 probabilities(sT, capT, lse_s, score_scale, cap_in)
                 # Query rows past Sq are masked too (their lse/Delta are padding).
                 interior = T.And(m0 + block_m <= Sq, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, off, Sk, left, right))
-                if not interior:
-                    for i, j in T.Parallel(block_n, block_m):
-                        sT[i, j] = T.if_then_else(visible(m0 + j, n0 + i, off, Sk, left, right), sT[i, j], 0)
+                keep_visible(sT, interior, m0, n0, off, Sk, left, right)
                 if overlap:
                     T.wait_wgmma(0)
                 else:
@@ -253,7 +298,7 @@ def attention_bwd_dkdv(
             T.copy(dv, dv_s)
             T.copy(dv_s, dV[b, n0 : n0 + block_n, hk, :])
 
-    return main
+    return dkdv_prim_func(shapes, dim, dim_v, dtype, kernel)
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -272,25 +317,12 @@ def attention_bwd_dq(
     Arguments: Q, K, V, dO, LSE2, Delta, dQ (B, Sq, H, dim) output in the input dtype, then
     the same scalars as ``attention_bwd_dkdv``.
     """
-    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    shapes = B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
-    probabilities, score_grad = score_gradients(block_m, block_n, False, has_softcap)
+    probabilities, score_grad, keep_visible = score_gradients(block_m, block_n, False, has_softcap)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, Sq, H, dim], dtype),
-        K: T.Tensor([B, Sk, Hkv, dim], dtype),
-        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        dO: T.Tensor([B, Sq, H, dim_v], dtype),
-        LSE2: T.Tensor([B, H, Sqp], acc),
-        Delta: T.Tensor([B, H, Sqp], acc),
-        dQ: T.Tensor([B, Sq, H, dim], dtype),
-        score_scale: T.float32,
-        sm_scale: T.float32,
-        cap_in: T.float32,
-        left: T.int32,
-        right: T.int32,
-    ):
+    @T.macro
+    def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right):
         with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=threads) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)
             do_s = T.alloc_shared([block_m, dim_v], dtype)
@@ -316,16 +348,14 @@ def attention_bwd_dq(
             T.copy(Delta[b, h, m0 : m0 + block_m], delta)
             T.clear(dq)
 
-            for t in T.Pipelined(T.max(n_blocks, 1), num_stages=num_stages):  # >= 1 trip: see the forward
+            for t in T.Pipelined(pipelined_trips(n_blocks), num_stages=num_stages):
                 n0 = (kb_lo + t) * block_n
                 T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
                 T.copy(V[b, n0 : n0 + block_n, hk, :], v_s)
                 T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 T.gemm(do_s, v_s, dp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 probabilities(s, cap, lse, score_scale, cap_in)
-                if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
-                    for i, j in T.Parallel(block_m, block_n):
-                        s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], 0)
+                keep_visible(s, block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right), m0, n0, off, Sk, left, right)
                 score_grad(ds, s, dp, delta, cap, sm_scale)
                 T.copy(ds, ds_s)
                 T.gemm(ds_s, k_s, dq, policy=T.GemmWarpPolicy.FullRow)
@@ -333,7 +363,7 @@ def attention_bwd_dq(
             T.copy(dq, dq_s)
             T.copy(dq_s, dQ[b, m0 : m0 + block_m, h, :])
 
-    return main
+    return dq_prim_func(shapes, dim, dim_v, dtype, kernel)
 
 
 def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool, window=(-1, -1)):

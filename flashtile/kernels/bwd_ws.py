@@ -38,10 +38,10 @@ overwrites the half its partner's dQ GEMM still reads.
 import tilelang
 import tilelang.language as T
 
-from .bwd import query_step, score_gradients
+from .bwd import dkdv_prim_func, dq_prim_func, query_step, score_gradients
 from .fwd import PASS_CONFIGS, TARGET
-from .masks import block_fully_visible, query_block_range, query_tile, visible
-from .ring import kv_ring_producer
+from .masks import block_fully_visible, query_block_range, query_tile
+from .ring import kv_ring_barriers, kv_ring_producer
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
 FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
@@ -66,30 +66,15 @@ def attention_bwd_dkdv_ws(
 ):
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
-    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    shapes = B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
     loader_end, writer_end = threads + 32, threads + 64  # producer warps 0 and 1
     writer_lane0 = loader_end  # issues the dQ reduce-add (TileLang elects the range's first thread)
-    probabilities, score_grad = score_gradients(block_n, block_m, True, has_softcap)
+    probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, Sq, H, dim], dtype),
-        K: T.Tensor([B, Sk, Hkv, dim], dtype),
-        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        dO: T.Tensor([B, Sq, H, dim_v], dtype),
-        LSE2: T.Tensor([B, H, Sqp], acc),
-        Delta: T.Tensor([B, H, Sqp], acc),
-        dQacc: T.Tensor([B, Sq, H, dim], acc),
-        dK: T.Tensor([B, Sk, Hkv, dim], dtype),
-        dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        score_scale: T.float32,
-        sm_scale: T.float32,
-        cap_in: T.float32,
-        left: T.int32,
-        right: T.int32,
-    ):
+    @T.macro
+    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right):
         with T.Kernel(T.ceildiv(Sk, block_n), Hkv, B, threads=total) as (bx, hk, b):
             # K and V stay for the whole CTA; after the last step they stage dK and dV.
             k_s = T.alloc_shared([block_n, dim], dtype)
@@ -176,9 +161,7 @@ def attention_bwd_dkdv_ws(
                             probabilities(sT, capT, lse_s, score_scale, cap_in, st * block_m)
                             # Query rows past Sq are masked too (their lse/Delta are padding).
                             interior = T.And(m0 + block_m <= Sq, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, off, Sk, left, right))
-                            if not interior:
-                                for r, c in T.Parallel(block_n, block_m):
-                                    sT[r, c] = T.if_then_else(visible(m0 + c, n0 + r, off, Sk, left, right), sT[r, c], 0)
+                            keep_visible(sT, interior, m0, n0, off, Sk, left, right)
                             T.wait_wgmma(0)
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
@@ -211,7 +194,7 @@ def attention_bwd_dkdv_ws(
                 T.copy(k_s, dK[b, n0 : n0 + block_n, hk, :])
                 T.copy(v_s, dV[b, n0 : n0 + block_n, hk, :])
 
-    return main
+    return dkdv_prim_func(shapes, dim, dim_v, dtype, kernel)
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -235,27 +218,14 @@ def attention_bwd_dq_ws(
     barrier: the two warpgroups run free of each other and fill each other's gaps).
     """
     assert (block_m, num_stages, threads) == (128, 2, 256), "the hand-written ring is 2 stages, 2 consumer warpgroups"
-    B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
+    shapes = B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128
-    probabilities, score_grad = score_gradients(block_m, block_n, False, has_softcap)
+    probabilities, score_grad, keep_visible = score_gradients(block_m, block_n, False, has_softcap)
     load_kv = kv_ring_producer(block_n)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, Sq, H, dim], dtype),
-        K: T.Tensor([B, Sk, Hkv, dim], dtype),
-        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        dO: T.Tensor([B, Sq, H, dim_v], dtype),
-        LSE2: T.Tensor([B, H, Sqp], acc),
-        Delta: T.Tensor([B, H, Sqp], acc),
-        dQ: T.Tensor([B, Sq, H, dim], dtype),
-        score_scale: T.float32,
-        sm_scale: T.float32,
-        cap_in: T.float32,
-        left: T.int32,
-        right: T.int32,
-    ):
+    @T.macro
+    def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right):
         with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)  # holds dQ for the store at the end
             do_s = T.alloc_shared([block_m, dim_v], dtype)
@@ -270,10 +240,7 @@ def attention_bwd_dq_ws(
             cap = T.alloc_fragment([block_m, block_n], acc) if has_softcap else None
 
             bar_qdo = T.alloc_barrier(arrive_count=total)
-            k_full = T.alloc_barrier(arrive_count=[128, 128])
-            v_full = T.alloc_barrier(arrive_count=[128, 128])
-            k_empty = T.alloc_barrier(arrive_count=[threads, threads])
-            v_empty = T.alloc_barrier(arrive_count=[threads, threads])
+            k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
 
             tx = T.get_thread_binding()
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
@@ -304,9 +271,7 @@ def attention_bwd_dq_ws(
                             T.wgmma_gemm(do_s, v_s[st, :, :], dp, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                             T.wait_wgmma(1)
                             probabilities(s, cap, lse, score_scale, cap_in)
-                            if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
-                                for r, c in T.Parallel(block_m, block_n):
-                                    s[r, c] = T.if_then_else(visible(m0 + r, n0 + c, off, Sk, left, right), s[r, c], 0)
+                            keep_visible(s, block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right), m0, n0, off, Sk, left, right)
                             T.wait_wgmma(0)
                             T.barrier_arrive(v_empty[st])
                             score_grad(ds, s, dp, delta, cap, sm_scale)
@@ -317,4 +282,4 @@ def attention_bwd_dq_ws(
                 T.copy(dq, q_s)
                 T.copy(q_s, dQ[b, m0 : m0 + block_m, h, :])
 
-    return main
+    return dq_prim_func(shapes, dim, dim_v, dtype, kernel)

@@ -20,8 +20,8 @@ import tilelang
 import tilelang.language as T
 
 from .configs import ARCH
-from .masks import query_tile
-from .softmax import LOG2E, online_softmax
+from .masks import pipelined_trips, query_tile
+from .softmax import LOG2E, online_softmax, tile_fragments
 
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
 TARGET = {"kind": "cuda", "arch": ARCH}
@@ -47,38 +47,18 @@ def attention_fwd_kernel(
     ``cap_in`` (softmax_scale / softcap, unused without softcap), ``left``/``right`` window
     bounds (huge when unbounded).
     """
-    B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
+    shapes = B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
     acc = T.float32
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, Sq, H, dim], dtype),
-        K: T.Tensor([B, Sk, Hkv, dim], dtype),
-        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        O: T.Tensor([B, Sq, H, dim_v], dtype),
-        LSE: T.Tensor([B, H, Sq], acc),
-        Sinks: T.Tensor([H], acc),
-        score_scale: T.float32,
-        cap_in: T.float32,
-        left: T.int32,
-        right: T.int32,
-    ):
+    @T.macro
+    def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
         with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=threads) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
             o_s = T.alloc_shared([block_m, dim_v], dtype)
-            s = T.alloc_fragment([block_m, block_n], acc)
-            p = T.alloc_fragment([block_m, block_n], dtype)
-            o = T.alloc_fragment([block_m, dim_v], acc)
-            m = T.alloc_fragment([block_m], acc)
-            m_prev = T.alloc_fragment([block_m], acc)
-            m_safe = T.alloc_fragment([block_m], acc)
-            alpha = T.alloc_fragment([block_m], acc)
-            row_sum = T.alloc_fragment([block_m], acc)
-            l = T.alloc_fragment([block_m], acc)
-            lse = T.alloc_fragment([block_m], acc)
+            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
 
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             hk = h // (H // Hkv)
@@ -89,11 +69,7 @@ def attention_fwd_kernel(
             T.clear(l)
             T.fill(m, -T.infinity(acc))
 
-            # At least one trip: a tile with no visible key still gets its Q load issued, and
-            # the pipeliner only waits for it inside the loop; the output's staging tile shares
-            # Q's shared memory, so an empty loop let the load land on the output (seen on an
-            # H100).  The extra trip is a masked block (no visible key): it adds nothing.
-            for t in T.Pipelined(T.max(n_blocks, 1), num_stages=num_stages):
+            for t in T.Pipelined(pipelined_trips(n_blocks), num_stages=num_stages):
                 kb = kb_lo + t
                 n0 = kb * block_n
                 T.copy(K[b, n0 : n0 + block_n, hk, :], k_s)
@@ -109,6 +85,31 @@ def attention_fwd_kernel(
             T.copy(o, o_s)
             T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
             T.copy(lse, LSE[b, h, m0 : m0 + block_m])
+
+    return forward_prim_func(shapes, dim, dim_v, dtype, kernel)
+
+
+def forward_prim_func(shapes, dim: int, dim_v: int, dtype: str, kernel):
+    """The forward's PrimFunc, one argument list for every schedule (see
+    ``attention_fwd_kernel``): ``kernel`` is the schedule's T.macro, called with the arguments.
+    ``shapes`` = the symbolic (B, Sq, Sk, H, Hkv) the schedule's grid and indices use."""
+    B, Sq, Sk, H, Hkv = shapes
+    acc = T.float32
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([B, Sk, Hkv, dim], dtype),
+        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+        O: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE: T.Tensor([B, H, Sq], acc),
+        Sinks: T.Tensor([H], acc),
+        score_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+    ):
+        kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right)
 
     return main
 

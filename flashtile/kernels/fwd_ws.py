@@ -20,10 +20,10 @@ is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmm
 import tilelang
 import tilelang.language as T
 
-from .fwd import PASS_CONFIGS, TARGET
+from .fwd import PASS_CONFIGS, TARGET, forward_prim_func
 from .masks import query_tile
-from .ring import kv_ring_producer
-from .softmax import online_softmax
+from .ring import kv_ring_barriers, kv_ring_producer
+from .softmax import online_softmax, tile_fragments
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
 
@@ -42,7 +42,7 @@ def attention_fwd_ws_kernel(
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``."""
     assert num_stages == 2 and threads == 256 and block_m == 128, "the hand-written ring is 2 stages, 2 consumer warpgroups"
-    B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
+    shapes = B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
@@ -53,19 +53,8 @@ def attention_fwd_ws_kernel(
         for r, c in T.Parallel(block_m, dim_v):
             o[r, c] *= alpha[r]
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, Sq, H, dim], dtype),
-        K: T.Tensor([B, Sk, Hkv, dim], dtype),
-        V: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-        O: T.Tensor([B, Sq, H, dim_v], dtype),
-        LSE: T.Tensor([B, H, Sq], acc),
-        Sinks: T.Tensor([H], acc),
-        score_scale: T.float32,
-        cap_in: T.float32,
-        left: T.int32,
-        right: T.int32,
-    ):
+    @T.macro
+    def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
         with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
@@ -73,22 +62,10 @@ def attention_fwd_ws_kernel(
             # Q is dead after the last S GEMM: its tile holds the output when shapes agree
             # (d=256 would not fit 227 KB of shared memory otherwise).
             o_s = q_s if dim_v == dim else T.alloc_shared([block_m, dim_v], dtype)
-            s = T.alloc_fragment([block_m, block_n], acc)
-            p = T.alloc_fragment([block_m, block_n], dtype)
-            o = T.alloc_fragment([block_m, dim_v], acc)
-            m = T.alloc_fragment([block_m], acc)
-            m_prev = T.alloc_fragment([block_m], acc)
-            m_safe = T.alloc_fragment([block_m], acc)
-            alpha = T.alloc_fragment([block_m], acc)
-            row_sum = T.alloc_fragment([block_m], acc)
-            l = T.alloc_fragment([block_m], acc)
-            lse = T.alloc_fragment([block_m], acc)
+            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
 
             bar_q = T.alloc_barrier(arrive_count=total)
-            k_full = T.alloc_barrier(arrive_count=[128, 128])
-            v_full = T.alloc_barrier(arrive_count=[128, 128])
-            k_empty = T.alloc_barrier(arrive_count=[threads, threads])
-            v_empty = T.alloc_barrier(arrive_count=[threads, threads])
+            k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
 
             tx = T.get_thread_binding()
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
@@ -149,4 +126,4 @@ def attention_fwd_ws_kernel(
                 T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
                 T.copy(lse, LSE[b, h, m0 : m0 + block_m])
 
-    return main
+    return forward_prim_func(shapes, dim, dim_v, dtype, kernel)

@@ -46,6 +46,17 @@ def key_block_range(m0, block_m, block_n, Sq, Sk, left, right):
     return lo, T.max(hi - lo, 0), last_row
 
 
+def pipelined_trips(n_blocks):
+    """Trip count of an auto-pipelined (``T.Pipelined``) loop over ``n_blocks`` visible blocks.
+
+    At least one: the pipeliner waits for the tiles loaded before the loop (Q, or K and V)
+    only inside it, and its shared-memory planner gives the epilogue's staging tile the same
+    memory, so with an empty loop a late load landed on the output (seen on an H100).  The
+    extra trip visits a block that no row of the tile can see, so the mask zeroes it.
+    """
+    return T.max(n_blocks, 1)
+
+
 def query_tile(bx, block_m, block_n, Sq, Sk, left, right):
     """Query block of CTA ``bx`` and the key blocks it visits: (m0, kb_lo, n_blocks, last_row).
 

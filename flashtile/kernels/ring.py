@@ -8,6 +8,15 @@ two per trip so that stage indices are compile-time constants.
 import tilelang.language as T
 
 
+def kv_ring_barriers(consumer_threads: int):
+    """(k_full, v_full, k_empty, v_empty), two stages each: a full barrier counts the producer
+    warpgroup's 128 arrivals (plus its TMA bytes), an empty barrier every consumer thread's."""
+    full = [128, 128]
+    empty = [consumer_threads, consumer_threads]
+    return (T.alloc_barrier(arrive_count=full), T.alloc_barrier(arrive_count=full),
+            T.alloc_barrier(arrive_count=empty), T.alloc_barrier(arrive_count=empty))
+
+
 def kv_ring_producer(block_n: int):
     """Macro ``load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)``:
     TMA-load key blocks ``kb_lo .. kb_lo + n_blocks - 1`` of head ``hk`` into the ring.  Run by

@@ -15,6 +15,19 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
+def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
+    """Register fragments of one query tile, in the order the macros below name them:
+    scores s (fp32), P (``dtype``), the output accumulator o, then the row statistics m,
+    m_prev, m_safe, alpha, row_sum, l, lse (fp32)."""
+    acc = T.float32
+    return (
+        T.alloc_fragment([block_m, block_n], acc),
+        T.alloc_fragment([block_m, block_n], dtype),
+        T.alloc_fragment([block_m, dim_v], acc),
+        *(T.alloc_fragment([block_m], acc) for _ in range(7)),
+    )
+
+
 def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool):
     """(update, finish) macros for one tile shape.
 
