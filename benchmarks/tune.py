@@ -100,6 +100,7 @@ def main():
     ap.add_argument("--only-first", action="store_true", help="first config of each head dim only")
     ap.add_argument("--configs", nargs="*", default=None, help="e.g. 128,128,2,256 (replaces the lists above)")
     ap.add_argument("--check", action="store_true", help="check each candidate against the reference first")
+    ap.add_argument("--rows-per-group", type=int, nargs="*", default=[0], help="dK/dV launch order(s) to time (0 = the table's)")
     ap.add_argument("--repeat", type=int, default=1, help="time the whole list this many times")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel prebuild processes")
     args = ap.parse_args()
@@ -122,13 +123,19 @@ def main():
                 check(2, sq, sk, 4, 4 // min(args.gqa, 4), d, d, torch.bfloat16, causal=causal, window=window, det=args.det)
     for d, cfg in todo * args.repeat:  # repeats interleave configs, so drift hits all alike
         configs.overrides[args.which] = make_config(args.which, cfg)
-        for s in args.seqlen:
-            for causal in (False, True):
-                try:
-                    ms, ref = time_case(args.which, d, s, causal, gqa=args.gqa, det=args.det)
-                    print(f"TUNE {args.which} gqa{args.gqa} det{int(args.det)} {cfg} d{d} s{s} c{int(causal)} {ms:.3f}ms ratio {ref / ms:.3f}", flush=True)
-                except Exception as e:
-                    print(f"TUNE {args.which} {cfg} d{d} s{s} c{int(causal)} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
+        for rows in args.rows_per_group:
+            if rows:
+                configs.overrides["dkdv_rows"] = rows
+            else:
+                configs.overrides.pop("dkdv_rows", None)
+            for s in args.seqlen:
+                for causal in (False, True):
+                    tag = f"{args.which} gqa{args.gqa} det{int(args.det)} rows{rows} {cfg} d{d} s{s} c{int(causal)}"
+                    try:
+                        ms, ref = time_case(args.which, d, s, causal, gqa=args.gqa, det=args.det)
+                        print(f"TUNE {tag} {ms:.3f}ms ratio {ref / ms:.3f}", flush=True)
+                    except Exception as e:
+                        print(f"TUNE {tag} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
     configs.overrides.clear()
 
 

@@ -23,6 +23,8 @@ dsinks = -sum_{b,i} exp(sink_h - lse_i) * Delta_i is a tiny reduction done by Py
 """
 
 
+import functools
+
 import tilelang
 import tilelang.language as T
 
@@ -155,8 +157,9 @@ def dkdv_prim_func(shapes, dim: int, dim_v: int, dtype: str, kernel):
         cap_in: T.float32,
         left: T.int32,
         right: T.int32,
+        rows_per_group: T.int32,
     ):
-        kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right)
+        kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group)
 
     return main
 
@@ -203,7 +206,9 @@ def attention_bwd_dkdv(
 
     Arguments: Q, K, V, dO, LSE2, Delta, dQacc (B, Sq, H, dim) fp32 (zeroed by the caller;
     untouched without ``with_dq``), dK, dV outputs, then scalars ``score_scale`` (log2 units,
-    as in the forward), ``sm_scale``, ``cap_in``, ``left``, ``right``.
+    as in the forward), ``sm_scale``, ``cap_in``, ``left``, ``right``, ``rows_per_group`` (the
+    launch order of key blocks, ``schedule.grouped_tile``; rows are (batch, kv head); only
+    the hand-written schedule honours it).
     """
     shapes = B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
@@ -216,7 +221,9 @@ def attention_bwd_dkdv(
     policy = T.GemmWarpPolicy.FullCol if split_cols else T.GemmWarpPolicy.FullRow
 
     @T.macro
-    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right):
+    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group):
+        # Row-major launch order whatever rows_per_group says: with the grouped order's
+        # computed indices TileLang 0.1.15's ThreadSync pass rejects this schedule at d=256.
         with T.Kernel(T.ceildiv(Sk, block_n), Hkv, B, threads=threads) as (bx, hk, b):
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
@@ -389,6 +396,13 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
     return prep, main, dq
 
 
+@functools.cache
+def sm_count(device) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
     """Host side of the backward.
 
@@ -397,7 +411,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     """
     import torch
 
-    from . import debug
+    from . import configs, debug
     from .masks import host_window
 
     b, sq, h, d = q.shape
@@ -423,13 +437,16 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
         scalars = (softcap * LOG2E, softmax_scale, softmax_scale / softcap, left, right)
     else:
         scalars = (softmax_scale * LOG2E, softmax_scale, 0.0, left, right)
+    kind = configs.mask_kind(window)
+    key_blocks = -(-sk // configs.bwd_config(d, dv_, dtype, kind, softcap > 0).block_n)
+    rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, key_blocks, sm_count(q.device))
     if deterministic:
         dq_acc = torch.empty(b, sq, h, d, dtype=torch.float32, device=q.device)  # not touched
-        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars)
+        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars, rows)
         dq_kernel(q, k, v, dout, lse2, delta, dq, *scalars)
     else:
         dq_acc = torch.zeros(b, sq, h, d, dtype=torch.float32, device=q.device)
-        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars)
+        dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars, rows)
         dq.copy_(dq_acc)  # postprocess: fp32 accumulator -> input dtype
 
     dsinks = None

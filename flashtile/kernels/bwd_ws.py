@@ -42,6 +42,7 @@ from .bwd import dkdv_prim_func, dq_prim_func, query_step, score_gradients
 from .fwd import PASS_CONFIGS, TARGET
 from .masks import block_fully_visible, query_block_range, query_tile
 from .ring import kv_ring_barriers, kv_ring_producer
+from .schedule import grouped_tile
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
 FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
@@ -74,8 +75,10 @@ def attention_bwd_dkdv_ws(
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.macro
-    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right):
-        with T.Kernel(T.ceildiv(Sk, block_n), Hkv, B, threads=total) as (bx, hk, b):
+    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group):
+        with T.Kernel(T.ceildiv(Sk, block_n) * Hkv * B, threads=total) as cta:
+            bx, row = grouped_tile(cta, T.ceildiv(Sk, block_n), Hkv * B, rows_per_group)
+            hk, b = row % Hkv, row // Hkv
             # K and V stay for the whole CTA; after the last step they stage dK and dV.
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
