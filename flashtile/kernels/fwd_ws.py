@@ -175,6 +175,7 @@ def attention_fwd_ws_kernel(
                                         T.barrier_wait(v_full[st], ((last // 2) & 1) ^ phase)
                                         T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
                                         T.wait_wgmma(0)
+                                        T.barrier_arrive(v_empty[st])  # the next tile reuses the stage
                             if n_blocks % 2 == 1:  # stage 1's empty turn
                                 T.barrier_wait(k_full[1], ((n_blocks // 2) & 1) ^ phase)
                                 T.barrier_arrive(k_empty[1])
