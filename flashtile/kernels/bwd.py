@@ -23,6 +23,8 @@ dsinks = -sum_{b,i} exp(sink_h - lse_i) * Delta_i is a tiny reduction done by Py
 """
 
 
+import functools
+
 import tilelang
 import tilelang.language as T
 
@@ -394,6 +396,13 @@ def get_backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, ha
     return prep, main, dq
 
 
+@functools.cache
+def sm_count(device) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
     """Host side of the backward.
 
@@ -430,7 +439,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
         scalars = (softmax_scale * LOG2E, softmax_scale, 0.0, left, right)
     kind = configs.mask_kind(window)
     key_blocks = -(-sk // configs.bwd_config(d, dv_, dtype, kind, softcap > 0).block_n)
-    rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, key_blocks, configs.sm_count(q.device))
+    rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, key_blocks, sm_count(q.device))
     if deterministic:
         dq_acc = torch.empty(b, sq, h, d, dtype=torch.float32, device=q.device)  # not touched
         dkdv(q, k, v, dout, lse2, delta, dq_acc, dk, dv, *scalars, rows)

@@ -7,7 +7,6 @@ here; the builders take the numbers as arguments and the launchers ask ``fwd_con
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -28,16 +27,9 @@ class FwdConfig:
     num_stages: int  # K/V shared-memory pipeline depth
     threads: int  # consumer threads (auto warp specialisation adds a producer warpgroup)
     manual_ws: bool = False  # hand-written warp specialisation (kernels/fwd_ws.py), not the builder's
-    persistent: bool = False  # hand-written only: one CTA per SM walking all tiles
-
-    def __post_init__(self):
-        assert self.manual_ws or not self.persistent, "only the hand-written forward is persistent"
 
     def as_kwargs(self) -> dict:
-        kwargs = {k: v for k, v in asdict(self).items() if k != "manual_ws"}
-        if not self.manual_ws:
-            del kwargs["persistent"]
-        return kwargs
+        return {k: v for k, v in asdict(self).items() if k != "manual_ws"}
 
 
 @dataclass(frozen=True)
@@ -69,15 +61,6 @@ class DqConfig:
 overrides: dict[str, object] = {}
 
 
-@functools.cache
-def sm_count(device=None) -> int:
-    """Streaming multiprocessors of ``device`` (132 on H100 SXM / H200 when there is no GPU,
-    e.g. CPU build tests): persistent grids and launch orders size themselves by it."""
-    if not torch.cuda.is_available():
-        return 132
-    return torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device()).multi_processor_count
-
-
 def headdim_supported(dim: int) -> bool:
     return 0 < dim <= MAX_HEADDIM and dim % HEADDIM_STEP == 0
 
@@ -102,7 +85,7 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig
         # 0.95/0.93x cuDNN at 4k and 0.96-1.08x at 8k-16k, against 0.85/0.90x for the
         # auto-pipelined 128x128 (same run).  128x176 measured within noise of 128x128;
         # 128x64x3 and 192x128 slower.
-        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, persistent=True)
+        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True)
     # d=192/256: 80 keys per step, two stages (FA3's tile): H200 d=256 4k 0.94/0.92x cuDNN,
     # against 0.84/0.85x with 64 keys.  The hand-written schedule measured mixed here
     # (+1-3% at 4k, -5% at 16k non-causal), so the auto-pipelined kernel stays.

@@ -123,8 +123,7 @@ def get_forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
         from .fwd_ws import attention_fwd_ws_kernel as builder  # imports this module: lazy
     else:
         builder = attention_fwd_kernel
-    extra = {"sm_count": configs.sm_count()} if cfg.persistent else {}
-    return cache.get(builder, cfg, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, **extra)
+    return cache.get(builder, cfg, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
 
 
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import time
 
 from . import configs
@@ -58,9 +57,6 @@ def main(argv=None) -> int:
         dims = sorted({(d, dv) for d, dv, _, _ in configs.all_structures()})
     t0 = time.time()
     todo = list(structures(dims, args.dtype, args.features, args.passes))
-    # Building needs no GPU; hiding it keeps CUDA out of the workers, and the tile table then
-    # assumes 132 SMs (H100 SXM / H200), the key the kernels are cached under on those GPUs.
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
