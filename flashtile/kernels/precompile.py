@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing
 import time
 
 from . import configs
@@ -60,7 +61,9 @@ def main(argv=None) -> int:
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(args.jobs) as pool:
+        # Spawned, not forked: a fork of this process (torch and TileLang threads running)
+        # intermittently hung every worker on an H100 machine (nothing built in 130 s, twice).
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             for line in pool.map(build, *zip(*todo)):
                 print(line, flush=True)
     else:
