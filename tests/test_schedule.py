@@ -1,0 +1,48 @@
+"""Launch order of the dK/dV kernel's CTAs (``kernels/schedule.py``, ``configs.dkdv_rows_per_group``).
+
+``grouped_tile`` is integer arithmetic that the kernel evaluates per CTA; with Python ints it
+evaluates here, so the permutation is checked on CPU for awkward sizes (a short last group,
+one row, one block, groups larger than the grid).
+"""
+
+import itertools
+
+import pytest
+
+from flashtile.kernels import configs
+from flashtile.kernels.schedule import grouped_tile
+
+
+@pytest.mark.parametrize(
+    "n_blocks,n_rows,rows_per_group",
+    [(4, 3, 2), (1, 7, 3), (33, 1, 1), (33, 5, 4), (32, 16, 4), (7, 9, 9), (5, 6, 1), (3, 10, 20)],
+)
+def test_grouped_tile_is_a_permutation_walking_groups_block_major(n_blocks, n_rows, rows_per_group):
+    rows_per_group = min(rows_per_group, n_rows)  # what the launcher passes
+    order = [grouped_tile(i, n_blocks, n_rows, rows_per_group) for i in range(n_blocks * n_rows)]
+    assert sorted(order) == list(itertools.product(range(n_blocks), range(n_rows))), f"not a permutation: {order}"
+    for start in range(0, n_rows, rows_per_group):
+        rows = range(start, min(start + rows_per_group, n_rows))
+        span = [order.index((blk, r)) for blk in range(n_blocks) for r in rows]
+        # The group's CTAs are contiguous and walk block 0 of every row, then block 1, ...
+        assert span == list(range(span[0], span[0] + len(span))), f"group at row {start} not block-major: {span}"
+
+
+def test_row_by_row_order_is_the_plain_grid():
+    assert [grouped_tile(i, 3, 2, 1) for i in range(6)] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+
+
+@pytest.mark.parametrize(
+    "kind,groups,rows,key_blocks,expected",
+    [
+        ("local", 4, 16, 32, 4),  # GQA 4:1 causal 4k on 132 SMs: measured best
+        ("local", 4, 8, 64, 2),  # 8k
+        ("local", 4, 4, 128, 1),  # 16k: a wave per row
+        ("local", 4, 2, 1, 2),  # never more rows than there are
+        ("local", 1, 64, 32, 1),  # MHA: row by row (measured equal or slower otherwise)
+        ("full", 4, 16, 32, 1),  # no mask: every CTA equally long
+    ],
+)
+def test_dkdv_rows_per_group(kind, groups, rows, key_blocks, expected):
+    got = configs.dkdv_rows_per_group(kind, groups, rows, key_blocks, sm_count=132)
+    assert got == expected, f"{kind} groups={groups} rows={rows} key_blocks={key_blocks}: {got}, want {expected}"
