@@ -77,8 +77,12 @@ def attention_bwd_dkdv_ws(
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group):
         with T.Kernel(T.ceildiv(Sk, block_n) * Hkv * B, threads=total) as cta:
-            bx, row = grouped_tile(cta, T.ceildiv(Sk, block_n), Hkv * B, rows_per_group)
-            hk, b = row % Hkv, row // Hkv
+            block, row = grouped_tile(cta, T.ceildiv(Sk, block_n), Hkv * B, rows_per_group)
+            # In registers: as expressions (divisions by a runtime group size) they are
+            # re-derived at every use, and nvcc took 3.6x longer over this kernel at d=64.
+            bx = T.alloc_var(T.int32, init=block)
+            hk = T.alloc_var(T.int32, init=row % Hkv)
+            b = T.alloc_var(T.int32, init=row // Hkv)
             # K and V stay for the whole CTA; after the last step they stage dK and dV.
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)

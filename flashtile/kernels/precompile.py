@@ -59,13 +59,14 @@ def main(argv=None) -> int:
     t0 = time.time()
     todo = list(structures(dims, args.dtype, args.features, args.passes))
     if args.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        # Spawned, not forked: a fork of this process (torch and TileLang threads running)
-        # intermittently hung every worker on an H100 machine (nothing built in 130 s, twice).
+        # Spawned, not forked: forking a process with torch and TileLang threads running can
+        # deadlock the child.  Lines print as builds finish, so one slow build (a kernel whose
+        # nvcc time blew up, 2026-11-22) cannot hide the others.
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for line in pool.map(build, *zip(*todo)):
-                print(line, flush=True)
+            for done in as_completed([pool.submit(build, p, kw) for p, kw in todo]):
+                print(done.result(), flush=True)
     else:
         for p, kw in todo:
             print(build(p, kw), flush=True)
