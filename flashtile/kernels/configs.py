@@ -27,9 +27,11 @@ class FwdConfig:
     num_stages: int  # K/V shared-memory pipeline depth
     threads: int  # consumer threads (auto warp specialisation adds a producer warpgroup)
     manual_ws: bool = False  # hand-written warp specialisation (kernels/fwd_ws.py), not the builder's
+    pingpong: bool = False  # hand-written only: consumer warpgroups take turns issuing GEMMs
 
     def as_kwargs(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "manual_ws"}
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong")
+        return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,34 @@ from .softmax import online_softmax, tile_fragments
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
 
 
+# Named barriers of the pingpong turns, one per consumer warpgroup (TileLang's own syncs use
+# low ids: 3 for its 256-thread epilogue barrier).
+TURN_BARRIER = (9, 10)
+
+
+def gemm_turns(pingpong: bool):
+    """Macros ``take_turn(wg)`` / ``pass_turn(wg)`` ordering the consumer warpgroups' GEMM issues.
+
+    FA3's inter-warpgroup pingpong: a warpgroup issues its S and P V GEMMs only in its turn and
+    hands the turn over right after issuing, so the tensor cores run one warpgroup's GEMMs
+    while the other does its softmax, instead of both softmaxes landing in the same gap.
+    Turn barrier ``w`` completes when warpgroup ``w`` syncs (128 threads) and the other
+    arrives (128 threads).  Without pingpong both macros are empty.
+    """
+
+    @T.macro
+    def take_turn(wg):
+        if pingpong:
+            T.sync_threads(TURN_BARRIER[0] + wg, 256)
+
+    @T.macro
+    def pass_turn(wg):
+        if pingpong:
+            T.named_barrier_arrive(TURN_BARRIER[1] - wg, 256)  # the other warpgroup's barrier
+
+    return take_turn, pass_turn
+
+
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
 def attention_fwd_ws_kernel(
     dim: int,
@@ -39,14 +67,17 @@ def attention_fwd_ws_kernel(
     block_n: int = 128,
     num_stages: int = 2,
     threads: int = 256,
+    pingpong: bool = False,
 ):
-    """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``."""
+    """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``, plus ``pingpong``: the
+    two consumer warpgroups take turns issuing their GEMMs (see ``gemm_turns``)."""
     assert num_stages == 2 and threads == 256 and block_m == 128, "the hand-written ring is 2 stages, 2 consumer warpgroups"
     shapes = B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
     load_kv = kv_ring_producer(block_n)
+    take_turn, pass_turn = gemm_turns(pingpong)
 
     @T.macro
     def rescale(o, alpha):
@@ -68,6 +99,7 @@ def attention_fwd_ws_kernel(
             k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
 
             tx = T.get_thread_binding()
+            wg = tx // 128  # consumer warpgroup 0 or 1
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             hk = h // (H // Hkv)
             off = Sk - Sq
@@ -85,10 +117,14 @@ def attention_fwd_ws_kernel(
                 T.clear(l)
                 T.fill(m, -T.infinity(acc))
                 T.barrier_wait(bar_q, 0)
+                if wg == 1 and n_blocks > 0:
+                    pass_turn(wg)  # warpgroup 1 hands warpgroup 0 the first turn
                 # Block 0 alone: nothing to overlap yet.
                 if n_blocks > 0:
                     T.barrier_wait(k_full[0], 0)
+                    take_turn(wg)
                     T.wgmma_gemm(q_s, k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    pass_turn(wg)
                     T.wait_wgmma(0)
                     T.barrier_arrive(k_empty[0])
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
@@ -101,22 +137,28 @@ def attention_fwd_ws_kernel(
                         t = i * 2 + 1 + st
                         if t < n_blocks:
                             T.barrier_wait(k_full[1 - st], (i + st) & 1)
+                            take_turn(wg)
                             T.wgmma_gemm(q_s, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                            rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
+                            if not pingpong:
+                                rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
                             T.barrier_wait(v_full[st], i & 1)
                             T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                            pass_turn(wg)
                             T.wait_wgmma(1)
                             T.barrier_arrive(k_empty[1 - st])
                             update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
                             T.wait_wgmma(0)
                             T.barrier_arrive(v_empty[st])
                             T.copy(s, p)
+                            if pingpong:
+                                rescale(o, alpha)  # O *= alpha_t: the turn is the other warpgroup's
                 # The last block's P V (its V sits in stage (n_blocks - 1) % 2).
                 if n_blocks > 0:
                     last = n_blocks - 1
                     for st in T.unroll(2):
                         if last % 2 == st:
-                            rescale(o, alpha)
+                            if not pingpong:
+                                rescale(o, alpha)
                             T.barrier_wait(v_full[st], (last // 2) & 1)
                             T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
                             T.wait_wgmma(0)
