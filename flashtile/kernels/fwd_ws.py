@@ -28,30 +28,33 @@ from .softmax import online_softmax, tile_fragments
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
 
 
-# Named barriers of the pingpong turns, one per consumer warpgroup (TileLang's own syncs use
-# low ids: 3 for its 256-thread epilogue barrier).
-TURN_BARRIER = (9, 10)
+# First named barrier of the pingpong turns, one per consumer warpgroup (TileLang's own
+# syncs use low ids: 3 for its consumer-wide epilogue barrier).
+TURN_BARRIER = 9
+# Registers per thread (setmaxnreg) by consumer warpgroup count: the producer keeps 24 and
+# the consumers split the rest of the 64K-entry register file.
+CONSUMER_REGS = {2: 240, 3: 160}
 
 
-def gemm_turns(pingpong: bool):
+def gemm_turns(pingpong: bool, n_wg: int):
     """Macros ``take_turn(wg)`` / ``pass_turn(wg)`` ordering the consumer warpgroups' GEMM issues.
 
     FA3's inter-warpgroup pingpong: a warpgroup issues its S and P V GEMMs only in its turn and
-    hands the turn over right after issuing, so the tensor cores run one warpgroup's GEMMs
-    while the other does its softmax, instead of both softmaxes landing in the same gap.
-    Turn barrier ``w`` completes when warpgroup ``w`` syncs (128 threads) and the other
-    arrives (128 threads).  Without pingpong both macros are empty.
+    hands the turn to the next warpgroup (round robin) right after issuing, so the tensor
+    cores run one warpgroup's GEMMs while the others do their softmax, instead of every
+    softmax landing in the same gap.  Turn barrier ``w`` completes when warpgroup ``w`` syncs
+    (128 threads) and its predecessor arrives (128 threads).  Without pingpong both are empty.
     """
 
     @T.macro
     def take_turn(wg):
         if pingpong:
-            T.sync_threads(TURN_BARRIER[0] + wg, 256)
+            T.sync_threads(TURN_BARRIER + wg, 256)
 
     @T.macro
     def pass_turn(wg):
         if pingpong:
-            T.named_barrier_arrive(TURN_BARRIER[1] - wg, 256)  # the other warpgroup's barrier
+            T.named_barrier_arrive(TURN_BARRIER + (wg + 1) % n_wg, 256)
 
     return take_turn, pass_turn
 
@@ -71,13 +74,14 @@ def attention_fwd_ws_kernel(
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``, plus ``pingpong``: the
     two consumer warpgroups take turns issuing their GEMMs (see ``gemm_turns``)."""
-    assert num_stages == 2 and threads == 256 and block_m == 128, "the hand-written ring is 2 stages, 2 consumer warpgroups"
+    n_wg = threads // 128  # consumer warpgroups, 64 query rows each
+    assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     shapes = B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
     load_kv = kv_ring_producer(block_n)
-    take_turn, pass_turn = gemm_turns(pingpong)
+    take_turn, pass_turn = gemm_turns(pingpong, n_wg)
 
     @T.macro
     def rescale(o, alpha):
@@ -99,7 +103,7 @@ def attention_fwd_ws_kernel(
             k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
 
             tx = T.get_thread_binding()
-            wg = tx // 128  # consumer warpgroup 0 or 1
+            wg = tx // 128  # consumer warpgroup
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             hk = h // (H // Hkv)
             off = Sk - Sq
@@ -112,13 +116,13 @@ def attention_fwd_ws_kernel(
                 T.set_max_nreg(24, 0)
                 load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)
             else:  # two consumer warpgroups
-                T.set_max_nreg(240, 1)
+                T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)
                 T.clear(l)
                 T.fill(m, -T.infinity(acc))
                 T.barrier_wait(bar_q, 0)
-                if wg == 1 and n_blocks > 0:
-                    pass_turn(wg)  # warpgroup 1 hands warpgroup 0 the first turn
+                if wg == n_wg - 1 and n_blocks > 0:
+                    pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
                 # Block 0 alone: nothing to overlap yet.
                 if n_blocks > 0:
                     T.barrier_wait(k_full[0], 0)
