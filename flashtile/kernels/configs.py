@@ -79,15 +79,18 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig
         return overrides["fwd"]
     widest = max(dim, dim_v)
     if widest <= 64:
-        # Three consumer warpgroups: at d=64 the GEMMs are short, more rows per K/V tile
-        # amortise the loads (H200: 0.94x cuDNN vs 0.83x with 128 rows, non-causal 4k).
-        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384)
+        # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short
+        # d=64 GEMMs), hand-written with pingpong turns.  H100 (h100-2026-11-22/fwd-pingpong):
+        # 4k 1.24 ms against 1.31 for the auto-pipelined 192x128 and 1.28 without pingpong,
+        # 16k -4%, GQA 4:1 4k -5% (causal -4%); 128 rows is 7-15% slower except at 1k causal.
+        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if widest <= 128:
-        # Hand-written warp specialisation (softmax overlapped with the P V GEMM): H200 d=128
-        # 0.95/0.93x cuDNN at 4k and 0.96-1.08x at 8k-16k, against 0.85/0.90x for the
-        # auto-pipelined 128x128 (same run).  128x176 measured within noise of 128x128;
-        # 128x64x3 and 192x128 slower.
-        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True)
+        # Hand-written (softmax overlapped with the P V GEMM): H200 d=128 0.95/0.93x cuDNN at
+        # 4k and 0.96-1.08x at 8k-16k, against 0.85/0.90x for the auto-pipelined 128x128.
+        # Pingpong turns: H100 causal 4k -2%, the rest within noise (h100-2026-11-22/fwd-pingpong).
+        # 128x176 measured within noise of 128x128 (H200 and H100); 128x64x3 and 192x128 slower
+        # (192 rows spill at d > 64).
+        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
     # d=192/256: 80 keys per step, two stages (FA3's tile): H200 d=256 4k 0.94/0.92x cuDNN,
     # against 0.84/0.85x with 64 keys.  The hand-written schedule measured mixed here
     # (+1-3% at 4k, -5% at 16k non-causal), so the auto-pipelined kernel stays.

@@ -11,8 +11,8 @@ the sink, writes O through shared memory (TMA store) and the log-sum-exp in natu
 
 Two schedules of that loop, chosen per head dim by the tile table (``configs.fwd_config``):
 ``attention_fwd_kernel`` here lets TileLang's pipeliner warp-specialise it (synchronous
-GEMMs; best at d <= 64 with three consumer warpgroups and at d > 128), and
-``fwd_ws.attention_fwd_ws_kernel`` overlaps each softmax with the previous P V GEMM by hand.
+GEMMs; used at d > 128), and ``fwd_ws.attention_fwd_ws_kernel`` overlaps each softmax with
+the GEMMs by hand (d <= 128).
 """
 
 

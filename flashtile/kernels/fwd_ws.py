@@ -1,17 +1,20 @@
-"""Forward with hand-written warp specialisation: FA3's intra-warpgroup overlap.
+"""Forward with hand-written warp specialisation: FA3's intra- and inter-warpgroup overlap.
 
 Same arguments, semantics and static structure as ``fwd.attention_fwd_kernel``; the tile
-table (``configs.fwd_config``, ``manual_ws=True``) picks it where it measured faster (head
-dims 65..128 on H200: 0.93-1.08x cuDNN at 4k-16k against 0.89-0.95x).
+table (``configs.fwd_config``, ``manual_ws=True``) picks it for head dims up to 128, where it
+measured faster than the auto-pipelined kernel.
 
 One producer warpgroup issues TMA loads of K and V into two-stage rings guarded by full/empty
-mbarriers; two consumer warpgroups (64 query rows each) run, per key block t >= 1:
+mbarriers; two or three consumer warpgroups (64 query rows each) run, per key block t >= 1:
 
-    issue S_t = Q K_t^T          (async WGMMA)
-    O *= alpha_{t-1}             <- under S_t
-    issue O += P_{t-1} V_{t-1}   (async WGMMA, P in registers)
-    wait for S_t, release K_t; online softmax of S_t   <- under the P V GEMM
-    wait for P V, release V_{t-1}; P = cast(S_t)
+    [take turn]  issue S_t = Q K_t^T             (async WGMMA)
+                 issue O += P_{t-1} V_{t-1}      (async WGMMA, P in registers)
+    [pass turn]  wait for S_t, release K_t; online softmax of S_t   <- under the P V GEMM
+                 wait for P V, release V_{t-1}; P = cast(S_t); O *= alpha_t
+
+With ``pingpong`` the turns (``gemm_turns``) make the warpgroups issue their GEMMs one after
+the other, so one warpgroup's softmax runs under the others' GEMMs.  Without it, O is
+rescaled by alpha_{t-1} between the two issues instead, under S_t.
 
 TileLang's automatic pipeliner releases a K/V stage right after the GEMM *statement*, which
 is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmma``.
