@@ -23,11 +23,11 @@ from triton.testing import do_bench
 import flashtile
 from flashtile.kernels import configs
 
-# (block_m, block_n, stages, threads, manual_ws, pingpong) for the forward; (block_n, block_m, stages, threads,
+# (block_m, block_n, stages, threads, manual_ws, pingpong, tiles_per_cta) for the forward; (block_n, block_m, stages, threads,
 # overlap, manual_ws) for the backward.  First entry of each list = the table's current choice.
 FWD = {
-    64: [(192, 128, 2, 384, 0), (192, 128, 2, 384, 1, 0), (192, 128, 2, 384, 1, 1), (128, 128, 2, 256, 1, 1)],
-    128: [(128, 128, 2, 256, 1, 0), (128, 128, 2, 256, 1, 1), (128, 176, 2, 256, 1, 1), (128, 128, 2, 256, 0)],
+    64: [(192, 128, 2, 384, 1, 1), (192, 128, 2, 384, 1, 1, 0), (192, 128, 2, 384, 1, 1, 2)],
+    128: [(128, 128, 2, 256, 1, 1), (128, 128, 2, 256, 1, 1, 0), (128, 128, 2, 256, 1, 1, 2)],
     256: [(128, 80, 2, 256, 0), (128, 80, 2, 256, 1)],
 }
 BWD = {
@@ -47,6 +47,8 @@ TABLES = {"fwd": FWD, "bwd": BWD, "bwd_dq": DQ}  # keys are also configs.overrid
 
 def make_config(which, cfg):
     cls = {"fwd": configs.FwdConfig, "bwd": configs.BwdConfig, "bwd_dq": configs.DqConfig}[which]
+    if which == "fwd":  # manual_ws and pingpong flags, then tiles_per_cta
+        return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:6]), *cfg[6:])
     return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then the flags, in field order
 
 

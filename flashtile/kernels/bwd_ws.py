@@ -41,15 +41,11 @@ import tilelang.language as T
 from .bwd import dkdv_prim_func, dq_prim_func, query_step, score_gradients
 from .fwd import PASS_CONFIGS, TARGET
 from .masks import block_fully_visible, query_block_range, query_tile
-from .ring import kv_ring_barriers, kv_ring_producer
+from .ring import CONSUMERS_SYNC, WS_PASS_CONFIGS, kv_ring_barriers, kv_ring_producer
 from .schedule import grouped_tile
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
 FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
-CONSUMERS_SYNC = 8  # named barrier id for the two consumer warpgroups (TileLang's own use low ids)
-# Every shared-memory hand-over here is ordered by an mbarrier or by CONSUMERS_SYNC; TileLang's
-# conservative sync insertion would add three consumer-wide barriers per step on top.
-WS_PASS_CONFIGS = {**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
 
 
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)

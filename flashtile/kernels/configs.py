@@ -28,9 +28,10 @@ class FwdConfig:
     threads: int  # consumer threads (auto warp specialisation adds a producer warpgroup)
     manual_ws: bool = False  # hand-written warp specialisation (kernels/fwd_ws.py), not the builder's
     pingpong: bool = False  # hand-written only: consumer warpgroups take turns issuing GEMMs
+    tiles_per_cta: int = 1  # hand-written only: 1 one tile, 2 a pair of tiles, 0 persistent
 
     def as_kwargs(self) -> dict:
-        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong")
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
 

@@ -23,9 +23,9 @@ is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmm
 import tilelang
 import tilelang.language as T
 
-from .fwd import PASS_CONFIGS, TARGET, forward_prim_func
+from .fwd import TARGET, forward_prim_func
 from .masks import query_tile
-from .ring import kv_ring_barriers, kv_ring_producer
+from .ring import CONSUMERS_SYNC, WS_PASS_CONFIGS, kv_ring_barriers, kv_ring_producer
 from .softmax import online_softmax, tile_fragments
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
@@ -37,6 +37,7 @@ TURN_BARRIER = 9
 # Registers per thread (setmaxnreg) by consumer warpgroup count: the producer keeps 24 and
 # the consumers split the rest of the 64K-entry register file.
 CONSUMER_REGS = {2: 240, 3: 160}
+MAX_CTAS = 132  # persistent grid: one CTA per SM of an H100/H200 (a smaller GPU queues the rest)
 
 
 def gemm_turns(pingpong: bool, n_wg: int):
@@ -62,7 +63,21 @@ def gemm_turns(pingpong: bool, n_wg: int):
     return take_turn, pass_turn
 
 
-@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def tile_pair(item, half, n_qb, pairs, H):
+    """Query tile ``half`` (0 or 1) of work item ``item``: (h, b, bx, real).
+
+    An item is a pair of query blocks of one (batch, head) row: ``bx`` and its mirror
+    ``n_qb - 1 - bx`` (``bx`` in ``query_tile``'s longest-first numbering), so under a causal
+    mask every item holds about the same number of key blocks and a static round robin over
+    items stays balanced.  ``real`` is false for the mirror of the middle block of an odd row.
+    """
+    pair = item % pairs
+    row = item // pairs
+    mirror = n_qb - 1 - pair
+    return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
+
+
+@tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
 def attention_fwd_ws_kernel(
     dim: int,
     dim_v: int,
@@ -74,9 +89,11 @@ def attention_fwd_ws_kernel(
     num_stages: int = 2,
     threads: int = 256,
     pingpong: bool = False,
+    tiles_per_cta: int = 2,
 ):
-    """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``, plus ``pingpong``: the
-    two consumer warpgroups take turns issuing their GEMMs (see ``gemm_turns``)."""
+    """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``, plus ``pingpong`` (the
+    consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
+    2 = one pair of query tiles per CTA, 0 = persistent (one CTA per SM walks all pairs)."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     shapes = B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
@@ -92,87 +109,173 @@ def attention_fwd_ws_kernel(
             o[r, c] *= alpha[r]
 
     @T.macro
+    def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, b):
+        """Normalise and store one tile's output (through ``o_s``, by TMA) and log-sum-exp."""
+        finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)
+        T.sync_threads(CONSUMERS_SYNC, threads)  # the last TMA store has read o_s
+        T.copy(o, o_s)
+        T.fence_proxy_async()
+        T.sync_threads(CONSUMERS_SYNC, threads)  # all of o_s written
+        T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
+        T.copy(lse, LSE[b, h, m0 : m0 + block_m])
+
+    @T.macro
     def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
-        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
-            q_s = T.alloc_shared([block_m, dim], dtype)
+        n_qb = T.ceildiv(Sq, block_m)
+        pairs = T.ceildiv(n_qb, 2)
+        n_items = pairs * H * B
+        grid = T.min(n_items, MAX_CTAS) if tiles_per_cta == 0 else n_items
+        with T.Kernel(grid, threads=total) as cta:
+            # Two Q buffers: the next tile's Q loads while this tile's last GEMMs read its own.
+            q_s = T.alloc_shared([2, block_m, dim], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
             v_s = T.alloc_shared([2, block_n, dim_v], dtype)
-            # Q is dead after the last S GEMM: its tile holds the output when shapes agree
-            # (d=256 would not fit 227 KB of shared memory otherwise).
-            o_s = q_s if dim_v == dim else T.alloc_shared([block_m, dim_v], dtype)
+            o_s = T.alloc_shared([block_m, dim_v], dtype)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
+            m_last = T.alloc_fragment([block_m], acc)
+            l_last = T.alloc_fragment([block_m], acc)
 
-            bar_q = T.alloc_barrier(arrive_count=total)
+            q_full = T.alloc_barrier(arrive_count=[128, 128])
+            q_empty = T.alloc_barrier(arrive_count=[threads, threads])
             k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
+            # Every tile uses both ring stages ceil(trips / 2) times (an odd tile pads stage 1
+            # with an empty turn), so each tile starts on stage 0 and stage indices stay
+            # compile-time constants; ``phase`` carries the barriers' parity across tiles.
+            phase = T.alloc_var(T.int32, init=0)
+            tiles = T.alloc_var(T.int32, init=0)  # tiles this CTA has started
+            # Held in registers: as expressions they lower to branches at every use.
+            tile_bx = T.alloc_var(T.int32, init=0)
+            tile_m0 = T.alloc_var(T.int32, init=0)
+            tile_kb_lo = T.alloc_var(T.int32, init=0)
+            tile_last_row = T.alloc_var(T.int32, init=0)
+            tile_trips = T.alloc_var(T.int32, init=0)
+            # The previous tile: its last P V and its epilogue run under this tile's first S.
+            prev_m0 = T.alloc_var(T.int32, init=0)
+            prev_h = T.alloc_var(T.int32, init=0)
+            prev_b = T.alloc_var(T.int32, init=0)
+            prev_last = T.alloc_var(T.int32, init=0)
 
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
-            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
-            hk = h // (H // Hkv)
             off = Sk - Sq
-            mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
-
-            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
-            T.barrier_arrive(bar_q)
+            groups = H // Hkv
 
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)
-            else:  # two consumer warpgroups
+                for it in T.serial(T.ceildiv(n_items - cta, grid)):
+                    for half in T.serial(2):
+                        h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
+                        tile_bx = bx
+                        if real:
+                            m0_e, kb_lo_e, n_blocks, _ = query_tile(tile_bx, block_m, block_n, Sq, Sk, left, right)
+                            tile_m0 = m0_e
+                            tile_kb_lo = kb_lo_e
+                            tile_trips = T.max(n_blocks, 1)  # a tile that sees no key takes one masked trip
+                            m0, kb_lo, trips = tile_m0, tile_kb_lo, tile_trips
+                            slot = tiles % 2
+                            T.barrier_wait(q_empty[slot], ((tiles // 2) & 1) ^ 1)
+                            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s[slot, :, :], barrier=q_full[slot])
+                            T.barrier_arrive(q_full[slot])
+                            load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, h // groups, b, phase)
+                            if trips % 2 == 1:  # stage 1's empty turn
+                                T.barrier_wait(k_empty[1], ((trips // 2) & 1) ^ 1 ^ phase)
+                                T.barrier_arrive(k_full[1])
+                                T.barrier_wait(v_empty[1], ((trips // 2) & 1) ^ 1 ^ phase)
+                                T.barrier_arrive(v_full[1])
+                            phase = phase ^ (T.ceildiv(trips, 2) & 1)
+                            tiles = tiles + 1
+            else:  # consumer warpgroups
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
+                # The first turn's P V has no previous tile: it adds 0 to O = 0.
+                T.clear(p)
                 T.clear(o)
                 T.clear(l)
                 T.fill(m, -T.infinity(acc))
-                T.barrier_wait(bar_q, 0)
-                if wg == n_wg - 1 and n_blocks > 0:
+                if wg == n_wg - 1:
                     pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
-                # Block 0 alone: nothing to overlap yet.
-                if n_blocks > 0:
-                    T.barrier_wait(k_full[0], 0)
-                    take_turn(wg)
-                    T.wgmma_gemm(q_s, k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                    pass_turn(wg)
-                    T.wait_wgmma(0)
-                    T.barrier_arrive(k_empty[0])
-                    update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
-                    T.copy(s, p)
-                # Blocks t >= 1, two per trip so that ring stages are compile-time indices:
-                # K_t sits in stage 1 - st, V_{t-1} in stage st.  Every wgmma retires inside
-                # the trip (no wait behind a branch), or ptxas serialises all of them.
-                for i in T.serial(T.ceildiv(n_blocks - 1, 2)):
-                    for st in T.unroll(2):
-                        t = i * 2 + 1 + st
-                        if t < n_blocks:
-                            T.barrier_wait(k_full[1 - st], (i + st) & 1)
+                for it in T.serial(T.ceildiv(n_items - cta, grid)):
+                    for half in T.serial(2):
+                        h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
+                        tile_bx = bx
+                        if real:
+                            m0_e, kb_lo_e, n_blocks, last_row_e = query_tile(tile_bx, block_m, block_n, Sq, Sk, left, right)
+                            tile_m0 = m0_e
+                            tile_kb_lo = kb_lo_e
+                            tile_last_row = last_row_e
+                            tile_trips = T.max(n_blocks, 1)
+                            m0, kb_lo, last_row, trips = tile_m0, tile_kb_lo, tile_last_row, tile_trips
+                            mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
+                            slot = tiles % 2
+                            T.barrier_wait(q_full[slot], (tiles // 2) & 1)
+                            T.barrier_wait(k_full[0], phase)
+                            # One turn: this tile's S_0, then the previous tile's last P V, whose
+                            # wait, V release and epilogue follow S_0's softmax.
+                            if tiles == 0:  # the first turn's P V adds P = 0 times a real V block
+                                T.barrier_wait(v_full[0], phase)
                             take_turn(wg)
-                            T.wgmma_gemm(q_s, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                            if not pingpong:
-                                rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
-                            T.barrier_wait(v_full[st], i & 1)
-                            T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                            T.wgmma_gemm(q_s[slot, :, :], k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                            T.wgmma_gemm(p, v_s[prev_last % 2, :, :], o, policy=FULL_ROW)  # a runtime stage: no branch between the wgmmas
                             pass_turn(wg)
                             T.wait_wgmma(1)
-                            T.barrier_arrive(k_empty[1 - st])
-                            update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
+                            T.barrier_arrive(k_empty[0])
+                            T.copy(m, m_last)  # the previous tile's statistics, for its epilogue
+                            T.copy(l, l_last)
+                            T.fill(m, -T.infinity(acc))
+                            T.clear(l)
+                            update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
                             T.wait_wgmma(0)
-                            T.barrier_arrive(v_empty[st])
+                            if tiles > 0:
+                                T.barrier_arrive(v_empty[prev_last % 2])
+                                epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, prev_b)
+                            T.clear(o)
                             T.copy(s, p)
-                            if pingpong:
-                                rescale(o, alpha)  # O *= alpha_t: the turn is the other warpgroup's
-                # The last block's P V (its V sits in stage (n_blocks - 1) % 2).
-                if n_blocks > 0:
-                    last = n_blocks - 1
-                    for st in T.unroll(2):
-                        if last % 2 == st:
+                            # Blocks t >= 1, two per trip so that ring stages are compile-time
+                            # indices: K_t sits in stage 1 - st, V_{t-1} in stage st.  Every
+                            # wgmma retires inside the trip (no wait behind a branch), or ptxas
+                            # serialises all of them.
+                            for i in T.serial(T.ceildiv(trips - 1, 2)):
+                                for st in T.unroll(2):
+                                    t = i * 2 + 1 + st
+                                    if t < trips:
+                                        T.barrier_wait(k_full[1 - st], ((i + st) & 1) ^ phase)
+                                        take_turn(wg)
+                                        T.wgmma_gemm(q_s[slot, :, :], k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                                        if not pingpong:
+                                            rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
+                                        T.barrier_wait(v_full[st], (i & 1) ^ phase)
+                                        T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                                        pass_turn(wg)
+                                        T.wait_wgmma(1)
+                                        T.barrier_arrive(k_empty[1 - st])
+                                        update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
+                                        T.wait_wgmma(0)
+                                        T.barrier_arrive(v_empty[st])
+                                        T.copy(s, p)
+                                        if pingpong:
+                                            rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
+                            T.barrier_arrive(q_empty[slot])  # every S GEMM of the tile has retired
                             if not pingpong:
                                 rescale(o, alpha)
-                            T.barrier_wait(v_full[st], (last // 2) & 1)
-                            T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
-                            T.wait_wgmma(0)
-
-                finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale)
-                T.copy(o, o_s)
-                T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
-                T.copy(lse, LSE[b, h, m0 : m0 + block_m])
+                            # The last block's V, so the next turn issues its P V at once.
+                            last = trips - 1
+                            T.barrier_wait(v_full[last % 2], ((last // 2) & 1) ^ phase)
+                            if trips % 2 == 1:  # stage 1's empty turn
+                                T.barrier_wait(k_full[1], ((trips // 2) & 1) ^ phase)
+                                T.barrier_arrive(k_empty[1])
+                                T.barrier_wait(v_full[1], ((trips // 2) & 1) ^ phase)
+                                T.barrier_arrive(v_empty[1])
+                            prev_m0 = m0
+                            prev_h = h
+                            prev_b = b
+                            prev_last = last
+                            phase = phase ^ (T.ceildiv(trips, 2) & 1)
+                            tiles = tiles + 1
+                # The CTA's last tile: its P V and epilogue with nothing to overlap.
+                take_turn(wg)
+                T.wgmma_gemm(p, v_s[prev_last % 2, :, :], o, policy=FULL_ROW)  # a runtime stage: no branch between the wgmmas
+                pass_turn(wg)
+                T.wait_wgmma(0)
+                T.barrier_arrive(v_empty[prev_last % 2])
+                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, prev_b)
 
     return forward_prim_func(shapes, dim, dim_v, dtype, kernel)

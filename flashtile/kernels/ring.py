@@ -1,11 +1,22 @@
-"""The producer side of the hand-written kernels' two-stage K/V ring (``fwd_ws``, ``bwd_ws``).
+"""The producer side of the hand-written kernels' two-stage K/V ring (``fwd_ws``, ``bwd_ws``),
+and what those kernels share about synchronisation.
 
 Stage ``t % 2`` holds key block ``t``; each stage has a full barrier (the producer's TMA
 bytes landed) and an empty barrier (every consumer thread is done reading).  Steps are walked
 two per trip so that stage indices are compile-time constants.
 """
 
+import tilelang
 import tilelang.language as T
+
+from .fwd import PASS_CONFIGS
+
+CONSUMERS_SYNC = 8  # named barrier id for the consumer warpgroups (TileLang's own use low ids)
+# Every shared-memory hand-over in the hand-written kernels is ordered by an mbarrier or by
+# CONSUMERS_SYNC.  TileLang's sync insertion is switched off for them: it adds conservative
+# consumer-wide barriers (three per step in the dK/dV kernel), and inside a persistent tile
+# loop it cannot place them at all ("divergent region" error).
+WS_PASS_CONFIGS = {**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
 
 
 def kv_ring_barriers(consumer_threads: int):
@@ -18,21 +29,22 @@ def kv_ring_barriers(consumer_threads: int):
 
 
 def kv_ring_producer(block_n: int):
-    """Macro ``load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)``:
-    TMA-load key blocks ``kb_lo .. kb_lo + n_blocks - 1`` of head ``hk`` into the ring.  Run by
-    one warpgroup (the full barriers count its 128 arrivals)."""
+    """Macro ``load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b,
+    phase=0)``: TMA-load key blocks ``kb_lo .. kb_lo + n_blocks - 1`` of head ``hk`` into the
+    ring.  Run by one warpgroup (the full barriers count its 128 arrivals).  ``phase``: parity
+    of the ring's uses before this call (a persistent CTA walks several tiles through it)."""
 
     @T.macro
-    def load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b):
+    def load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b, phase=0):
         for i in T.serial(T.ceildiv(n_blocks, 2)):
             for st in T.unroll(2):
                 t = i * 2 + st
                 if t < n_blocks:
                     n0 = (kb_lo + t) * block_n
-                    T.barrier_wait(k_empty[st], (i & 1) ^ 1)  # passes at once on a fresh barrier
+                    T.barrier_wait(k_empty[st], (i & 1) ^ 1 ^ phase)  # passes at once on a fresh barrier
                     T.tma_copy(K[b, n0 : n0 + block_n, hk, :], k_s[st, :, :], barrier=k_full[st])
                     T.barrier_arrive(k_full[st])
-                    T.barrier_wait(v_empty[st], (i & 1) ^ 1)
+                    T.barrier_wait(v_empty[st], (i & 1) ^ 1 ^ phase)
                     T.tma_copy(V[b, n0 : n0 + block_n, hk, :], v_s[st, :, :], barrier=v_full[st])
                     T.barrier_arrive(v_full[st])
 
