@@ -26,8 +26,8 @@ from flashtile.kernels import configs
 # (block_m, block_n, stages, threads, manual_ws, pingpong, tiles_per_cta) for the forward; (block_n, block_m, stages, threads,
 # overlap, manual_ws) for the backward.  First entry of each list = the table's current choice.
 FWD = {
-    64: [(192, 128, 2, 384, 1, 1), (192, 128, 2, 384, 1, 1, 0), (192, 128, 2, 384, 1, 1, 2)],
-    128: [(128, 128, 2, 256, 1, 1), (128, 128, 2, 256, 1, 1, 0), (128, 128, 2, 256, 1, 1, 2)],
+    64: [(192, 128, 2, 384, 1, 1), (192, 128, 2, 384, 1, 1, 0), (128, 128, 2, 256, 1, 1, 0)],
+    128: [(128, 128, 2, 256, 1, 1, 0), (128, 128, 2, 256, 1, 1), (128, 128, 2, 256, 1, 1, 2)],
     256: [(128, 80, 2, 256, 0), (128, 80, 2, 256, 1)],
 }
 BWD = {

@@ -28,7 +28,7 @@ class FwdConfig:
     threads: int  # consumer threads (auto warp specialisation adds a producer warpgroup)
     manual_ws: bool = False  # hand-written warp specialisation (kernels/fwd_ws.py), not the builder's
     pingpong: bool = False  # hand-written only: consumer warpgroups take turns issuing GEMMs
-    tiles_per_cta: int = 1  # hand-written only: 1 one tile, 2 a pair of tiles, 0 persistent
+    tiles_per_cta: int = 1  # hand-written only: 1 one tile, 2 a pair of tiles, 0 persistent pairs
 
     def as_kwargs(self) -> dict:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta")
@@ -84,14 +84,16 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig
         # d=64 GEMMs), hand-written with pingpong turns.  H100 (h100-2026-11-22/fwd-pingpong):
         # 4k 1.24 ms against 1.31 for the auto-pipelined 192x128 and 1.28 without pingpong,
         # 16k -4%, GQA 4:1 4k -5% (causal -4%); 128 rows is 7-15% slower except at 1k causal.
+        # One tile per CTA: the persistent walk spills here (160 registers a thread), 6-10% slower.
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if widest <= 128:
-        # Hand-written (softmax overlapped with the P V GEMM): H200 d=128 0.95/0.93x cuDNN at
-        # 4k and 0.96-1.08x at 8k-16k, against 0.85/0.90x for the auto-pipelined 128x128.
-        # Pingpong turns: H100 causal 4k -2%, the rest within noise (h100-2026-11-22/fwd-pingpong).
-        # 128x176 measured within noise of 128x128 (H200 and H100); 128x64x3 and 192x128 slower
-        # (192 rows spill at d > 64).
-        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
+        # Hand-written (softmax overlapped with the GEMMs), pingpong turns, persistent: one CTA
+        # per SM walks pairs of query tiles, each tile's last P V and epilogue under the next
+        # tile's first S GEMM.  H100 d=128 (h100-2026-11-22/fwd-persistent), against one tile
+        # per CTA: 1k -5/-8% (full/causal), 4k -1/-4%, GQA 4:1 4k -2/-6%, 8k -1 to -3%, 16k
+        # within noise.  Pingpong alone: causal 4k -2%.  128x176 within noise of 128x128;
+        # 128x64x3 and 192x128 slower (192 rows spill at d > 64).
+        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True, tiles_per_cta=0)
     # d=192/256: 80 keys per step, two stages (FA3's tile): H200 d=256 4k 0.94/0.92x cuDNN,
     # against 0.84/0.85x with 64 keys.  The hand-written schedule measured mixed here
     # (+1-3% at 4k, -5% at 16k non-causal), so the auto-pipelined kernel stays.

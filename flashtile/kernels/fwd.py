@@ -119,9 +119,7 @@ def get_forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
     from . import cache, configs
 
     cfg = configs.fwd_config(dim, dim_v, dtype, configs.mask_kind(window))
-    if cfg.manual_ws and cfg.tiles_per_cta == 1:
-        from .fwd_ws_tile import attention_fwd_ws_tile_kernel as builder
-    elif cfg.manual_ws:
+    if cfg.manual_ws:
         from .fwd_ws import attention_fwd_ws_kernel as builder  # imports this module: lazy
     else:
         builder = attention_fwd_kernel

@@ -4,8 +4,9 @@ Same arguments, semantics and static structure as ``fwd.attention_fwd_kernel``; 
 table (``configs.fwd_config``, ``manual_ws=True``) picks it for head dims up to 128, where it
 measured faster than the auto-pipelined kernel.
 
-One producer warpgroup issues TMA loads of K and V into two-stage rings guarded by full/empty
-mbarriers; two or three consumer warpgroups (64 query rows each) run, per key block t >= 1:
+One producer warpgroup issues TMA loads of Q and of K and V into two-stage rings guarded by
+full/empty mbarriers; two or three consumer warpgroups (64 query rows each) run, per key
+block t >= 1 (``block_steps``):
 
     [take turn]  issue S_t = Q K_t^T             (async WGMMA)
                  issue O += P_{t-1} V_{t-1}      (async WGMMA, P in registers)
@@ -16,8 +17,16 @@ With ``pingpong`` the turns (``gemm_turns``) make the warpgroups issue their GEM
 the other, so one warpgroup's softmax runs under the others' GEMMs.  Without it, O is
 rescaled by alpha_{t-1} between the two issues instead, under S_t.
 
+``tiles_per_cta``: 1 = one query tile per CTA.  Otherwise a CTA walks pairs of tiles
+(``tile_pair``; 0 = persistently, one CTA per SM), and a tile's first turn issues its S_0
+together with the previous tile's last P V, whose epilogue then runs after S_0's softmax,
+while the producer already loads the next Q into a second buffer: no tile boundary leaves
+the tensor cores waiting for a launch, a load or an epilogue.
+
 TileLang's automatic pipeliner releases a K/V stage right after the GEMM *statement*, which
-is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmma``.
+is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmma``.  Its
+shared-memory sync insertion is off (``WS_PASS_CONFIGS``): hand-overs are mbarriers and
+``CONSUMERS_SYNC``.
 """
 
 import tilelang
@@ -89,11 +98,12 @@ def attention_fwd_ws_kernel(
     num_stages: int = 2,
     threads: int = 256,
     pingpong: bool = False,
-    tiles_per_cta: int = 2,
+    tiles_per_cta: int = 1,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``, plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
-    2 = one pair of query tiles per CTA, 0 = persistent (one CTA per SM walks all pairs)."""
+    1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (one CTA per SM walks
+    all pairs)."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     shapes = B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
@@ -109,6 +119,36 @@ def attention_fwd_ws_kernel(
             o[r, c] *= alpha[r]
 
     @T.macro
+    def block_steps(q_tile, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty,
+                    wg, kb_lo, trips, phase, m0, last_row, off, Sk, left, right, score_scale, cap_in):
+        """Key blocks 1 .. trips - 1 of a tile whose block 0 is done (its P in ``p``)."""
+        mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
+        # Blocks t >= 1, two per trip so that ring stages are compile-time
+        # indices: K_t sits in stage 1 - st, V_{t-1} in stage st.  Every
+        # wgmma retires inside the trip (no wait behind a branch), or ptxas
+        # serialises all of them.
+        for i in T.serial(T.ceildiv(trips - 1, 2)):
+            for st in T.unroll(2):
+                t = i * 2 + 1 + st
+                if t < trips:
+                    T.barrier_wait(k_full[1 - st], ((i + st) & 1) ^ phase)
+                    take_turn(wg)
+                    T.wgmma_gemm(q_tile, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    if not pingpong:
+                        rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
+                    T.barrier_wait(v_full[st], (i & 1) ^ phase)
+                    T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                    pass_turn(wg)
+                    T.wait_wgmma(1)
+                    T.barrier_arrive(k_empty[1 - st])
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(v_empty[st])
+                    T.copy(s, p)
+                    if pingpong:
+                        rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
+
+    @T.macro
     def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, b):
         """Normalise and store one tile's output (through ``o_s``, by TMA) and log-sum-exp."""
         finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)
@@ -120,7 +160,54 @@ def attention_fwd_ws_kernel(
         T.copy(lse, LSE[b, h, m0 : m0 + block_m])
 
     @T.macro
-    def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
+    def one_tile_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
+        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
+            q_s = T.alloc_shared([block_m, dim], dtype)
+            k_s = T.alloc_shared([2, block_n, dim], dtype)
+            v_s = T.alloc_shared([2, block_n, dim_v], dtype)
+            # Q is dead after the last S GEMM: its tile holds the output when shapes agree.
+            o_s = q_s if dim_v == dim else T.alloc_shared([block_m, dim_v], dtype)
+            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
+            bar_q = T.alloc_barrier(arrive_count=128)
+            k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
+
+            tx = T.get_thread_binding()
+            wg = tx // 128  # consumer warpgroup
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
+            trips = T.max(n_blocks, 1)  # a tile that sees no key takes one fully masked trip
+            mask_args = (m0, last_row, Sk - Sq, Sk, left, right, score_scale, cap_in)
+            if tx >= threads:  # producer
+                T.set_max_nreg(24, 0)
+                T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
+                T.barrier_arrive(bar_q)
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, h // (H // Hkv), b)
+            else:  # consumer warpgroups
+                T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
+                T.clear(o)
+                T.clear(l)
+                T.fill(m, -T.infinity(acc))
+                if wg == n_wg - 1:
+                    pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
+                T.barrier_wait(bar_q, 0)
+                T.barrier_wait(k_full[0], 0)
+                take_turn(wg)  # block 0 alone: nothing to overlap yet
+                T.wgmma_gemm(q_s, k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                pass_turn(wg)
+                T.wait_wgmma(0)
+                T.barrier_arrive(k_empty[0])
+                update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
+                T.copy(s, p)
+                block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, 0, *mask_args)
+                last = trips - 1
+                if not pingpong:
+                    rescale(o, alpha)
+                T.barrier_wait(v_full[last % 2], (last // 2) & 1)
+                T.wgmma_gemm(p, v_s[last % 2, :, :], o, policy=FULL_ROW)
+                T.wait_wgmma(0)
+                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[h], score_scale, m0, h, b)
+
+    @T.macro
+    def paired_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
         n_qb = T.ceildiv(Sq, block_m)
         pairs = T.ceildiv(n_qb, 2)
         n_items = pairs * H * B
@@ -229,30 +316,7 @@ def attention_fwd_ws_kernel(
                                 epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, prev_b)
                             T.clear(o)
                             T.copy(s, p)
-                            # Blocks t >= 1, two per trip so that ring stages are compile-time
-                            # indices: K_t sits in stage 1 - st, V_{t-1} in stage st.  Every
-                            # wgmma retires inside the trip (no wait behind a branch), or ptxas
-                            # serialises all of them.
-                            for i in T.serial(T.ceildiv(trips - 1, 2)):
-                                for st in T.unroll(2):
-                                    t = i * 2 + 1 + st
-                                    if t < trips:
-                                        T.barrier_wait(k_full[1 - st], ((i + st) & 1) ^ phase)
-                                        take_turn(wg)
-                                        T.wgmma_gemm(q_s[slot, :, :], k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                                        if not pingpong:
-                                            rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
-                                        T.barrier_wait(v_full[st], (i & 1) ^ phase)
-                                        T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
-                                        pass_turn(wg)
-                                        T.wait_wgmma(1)
-                                        T.barrier_arrive(k_empty[1 - st])
-                                        update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
-                                        T.wait_wgmma(0)
-                                        T.barrier_arrive(v_empty[st])
-                                        T.copy(s, p)
-                                        if pingpong:
-                                            rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
+                            block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
                             T.barrier_arrive(q_empty[slot])  # every S GEMM of the tile has retired
                             if not pingpong:
                                 rescale(o, alpha)
@@ -278,4 +342,4 @@ def attention_fwd_ws_kernel(
                 T.barrier_arrive(v_empty[prev_last % 2])
                 epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, prev_b)
 
-    return forward_prim_func(shapes, dim, dim_v, dtype, kernel)
+    return forward_prim_func(shapes, dim, dim_v, dtype, one_tile_kernel if tiles_per_cta == 1 else paired_kernel)
