@@ -168,7 +168,7 @@ def attention_fwd_ws_kernel(
             # Q is dead after the last S GEMM: its tile holds the output when shapes agree.
             o_s = q_s if dim_v == dim else T.alloc_shared([block_m, dim_v], dtype)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
-            bar_q = T.alloc_barrier(arrive_count=128)
+            bar_q = T.alloc_barrier(arrive_count=total)
             k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
 
             tx = T.get_thread_binding()
@@ -176,10 +176,12 @@ def attention_fwd_ws_kernel(
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
             trips = T.max(n_blocks, 1)  # a tile that sees no key takes one fully masked trip
             mask_args = (m0, last_row, Sk - Sq, Sk, left, right, score_scale, cap_in)
+            # Q's load starts before the register hand-over (setmaxnreg), which the consumers
+            # wait for: issued by the producer after it, short d=64 causal tiles ran 10-26% slower.
+            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
+            T.barrier_arrive(bar_q)
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
-                T.barrier_arrive(bar_q)
                 load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, h // (H // Hkv), b)
             else:  # consumer warpgroups
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
