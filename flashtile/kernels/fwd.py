@@ -119,8 +119,10 @@ def get_forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
     from . import cache, configs
 
     cfg = configs.fwd_config(dim, dim_v, dtype, configs.mask_kind(window))
-    if cfg.manual_ws:
-        from .fwd_ws import attention_fwd_ws_kernel as builder  # imports this module: lazy
+    if cfg.manual_ws:  # fwd_ws imports this module: lazy
+        from . import fwd_ws
+
+        builder = fwd_ws.attention_fwd_ws_tile_kernel if cfg.tiles_per_cta == 1 else fwd_ws.attention_fwd_ws_kernel
     else:
         builder = attention_fwd_kernel
     return cache.get(builder, cfg, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)

@@ -32,7 +32,7 @@ shared-memory sync insertion is off (``WS_PASS_CONFIGS``): hand-overs are mbarri
 import tilelang
 import tilelang.language as T
 
-from .fwd import TARGET, forward_prim_func
+from .fwd import PASS_CONFIGS, TARGET, forward_prim_func
 from .masks import query_tile
 from .ring import CONSUMERS_SYNC, WS_PASS_CONFIGS, kv_ring_barriers, kv_ring_producer
 from .softmax import online_softmax, tile_fragments
@@ -86,8 +86,7 @@ def tile_pair(item, half, n_qb, pairs, H):
     return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
 
 
-@tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
-def attention_fwd_ws_kernel(
+def fwd_ws_prim_func(
     dim: int,
     dim_v: int,
     dtype: str,
@@ -174,39 +173,46 @@ def attention_fwd_ws_kernel(
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
-            trips = T.max(n_blocks, 1)  # a tile that sees no key takes one fully masked trip
             mask_args = (m0, last_row, Sk - Sq, Sk, left, right, score_scale, cap_in)
-            # Q's load starts before the register hand-over (setmaxnreg), which the consumers
-            # wait for: issued by the producer after it, short d=64 causal tiles ran 10-26% slower.
+            # Q's load starts before the register hand-over (setmaxnreg) the consumers wait for.
             T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
             T.barrier_arrive(bar_q)
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, h // (H // Hkv), b)
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), b)
             else:  # consumer warpgroups
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)
                 T.clear(l)
                 T.fill(m, -T.infinity(acc))
-                if wg == n_wg - 1:
-                    pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
                 T.barrier_wait(bar_q, 0)
-                T.barrier_wait(k_full[0], 0)
-                take_turn(wg)  # block 0 alone: nothing to overlap yet
-                T.wgmma_gemm(q_s, k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                pass_turn(wg)
-                T.wait_wgmma(0)
-                T.barrier_arrive(k_empty[0])
-                update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
-                T.copy(s, p)
-                block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, 0, *mask_args)
-                last = trips - 1
-                if not pingpong:
-                    rescale(o, alpha)
-                T.barrier_wait(v_full[last % 2], (last // 2) & 1)
-                T.wgmma_gemm(p, v_s[last % 2, :, :], o, policy=FULL_ROW)
-                T.wait_wgmma(0)
-                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[h], score_scale, m0, h, b)
+                # A tile that sees no key skips every GEMM (the one-tile schedule, unlike the
+                # paired one, has no next tile whose turns it must keep in step with).
+                if wg == n_wg - 1 and n_blocks > 0:
+                    pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
+                if n_blocks > 0:  # block 0 alone: nothing to overlap yet
+                    T.barrier_wait(k_full[0], 0)
+                    take_turn(wg)
+                    T.wgmma_gemm(q_s, k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    pass_turn(wg)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(k_empty[0])
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
+                    T.copy(s, p)
+                block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args)
+                if n_blocks > 0:  # the last block's P V (its V sits in stage (n_blocks - 1) % 2)
+                    last = n_blocks - 1
+                    for st in T.unroll(2):
+                        if last % 2 == st:
+                            if not pingpong:
+                                rescale(o, alpha)
+                            T.barrier_wait(v_full[st], (last // 2) & 1)
+                            T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                            T.wait_wgmma(0)
+                finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale)
+                T.copy(o, o_s)  # TileLang's sync pass orders this (PASS_CONFIGS)
+                T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
+                T.copy(lse, LSE[b, h, m0 : m0 + block_m])
 
     @T.macro
     def paired_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
@@ -345,3 +351,11 @@ def attention_fwd_ws_kernel(
                 epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, prev_b)
 
     return forward_prim_func(shapes, dim, dim_v, dtype, one_tile_kernel if tiles_per_cta == 1 else paired_kernel)
+
+
+# Two compilations of one builder.  The paired schedule orders its shared memory by hand
+# (WS_PASS_CONFIGS: TileLang's sync pass cannot place barriers inside its tile loop).  The
+# one-tile schedule keeps TileLang's sync pass: built without it (same source, explicit
+# syncs), d=64 causal ran 10-26% slower on H100 for reasons not found.
+attention_fwd_ws_kernel = tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)(fwd_ws_prim_func)
+attention_fwd_ws_tile_kernel = tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)(fwd_ws_prim_func)
