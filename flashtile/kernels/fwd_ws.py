@@ -24,9 +24,9 @@ while the producer already loads the next Q into a second buffer: no tile bounda
 the tensor cores waiting for a launch, a load or an epilogue.
 
 TileLang's automatic pipeliner releases a K/V stage right after the GEMM *statement*, which
-is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmma``.  Its
-shared-memory sync insertion is off (``WS_PASS_CONFIGS``): hand-overs are mbarriers and
-``CONSUMERS_SYNC``.
+is only safe for synchronous GEMMs; here stages are released after ``T.wait_wgmma``.  The
+paired schedule also orders its shared memory by hand (mbarriers and ``CONSUMERS_SYNC``, built
+with ``WS_PASS_CONFIGS``); the one-tile schedule keeps TileLang's sync pass.
 """
 
 import tilelang
