@@ -1,4 +1,5 @@
-"""Launch order of the dK/dV kernel's CTAs (``kernels/schedule.py``, ``configs.dkdv_rows_per_group``).
+"""Launch order of CTAs: the dK/dV kernel's (``kernels/schedule.py``, ``configs.dkdv_rows_per_group``)
+and the persistent forward's tile pairs (``fwd_ws.tile_pair``).
 
 ``grouped_tile`` is integer arithmetic that the kernel evaluates per CTA; with Python ints it
 evaluates here, so the permutation is checked on CPU for awkward sizes (a short last group,
@@ -46,3 +47,29 @@ def test_row_by_row_order_is_the_plain_grid():
 def test_dkdv_rows_per_group(kind, groups, rows, key_blocks, expected):
     got = configs.dkdv_rows_per_group(kind, groups, rows, key_blocks, sm_count=132)
     assert got == expected, f"{kind} groups={groups} rows={rows} key_blocks={key_blocks}: {got}, want {expected}"
+
+
+def _value(x):
+    """A folded TileLang expression (``tile_pair`` is plain arithmetic on Python ints)."""
+    from tilelang import tvm
+
+    return x if isinstance(x, (int, bool)) else tvm.arith.Analyzer().simplify(x).value
+
+
+@pytest.mark.parametrize("n_qb,H,B", [(1, 1, 1), (2, 3, 1), (5, 2, 3), (8, 4, 2), (33, 1, 2)])
+def test_tile_pairs_cover_every_query_tile_once_with_balanced_causal_work(n_qb, H, B):
+    """The persistent forward walks items of two query tiles (``fwd_ws.tile_pair``): every
+    (head, batch, query block) is a real tile of exactly one item, and under a causal mask
+    (block bx sees n_qb - bx key blocks) every item but an odd row's middle one holds
+    n_qb + 1 blocks."""
+    from flashtile.kernels.fwd_ws import tile_pair
+
+    pairs = (n_qb + 1) // 2
+    seen = []
+    for item in range(pairs * H * B):
+        tiles = [tuple(_value(v) for v in tile_pair(item, half, n_qb, pairs, H)) for half in (0, 1)]
+        real = [(h, b, bx) for h, b, bx, is_real in tiles if is_real]
+        seen += real
+        work = sum(n_qb - bx for _, _, bx in real)
+        assert work == n_qb + 1 or (len(real) == 1 and n_qb % 2 == 1), f"item {item}: tiles {real} hold {work} blocks"
+    assert sorted(seen) == sorted(itertools.product(range(H), range(B), range(n_qb))), f"not every tile once: {seen}"
