@@ -33,7 +33,7 @@ import tilelang
 import tilelang.language as T
 
 from .fwd import PASS_CONFIGS, TARGET, forward_prim_func
-from .masks import query_tile
+from .masks import pipelined_trips, query_tile
 from .ring import CONSUMERS_SYNC, WS_PASS_CONFIGS, kv_ring_barriers, kv_ring_producer
 from .softmax import online_softmax, tile_fragments
 
@@ -265,7 +265,7 @@ def fwd_ws_prim_func(
                             m0_e, kb_lo_e, n_blocks, _ = query_tile(tile_bx, block_m, block_n, Sq, Sk, left, right)
                             tile_m0 = m0_e
                             tile_kb_lo = kb_lo_e
-                            tile_trips = T.max(n_blocks, 1)  # a tile that sees no key takes one masked trip
+                            tile_trips = pipelined_trips(n_blocks)  # a tile that sees no key takes one masked trip
                             m0, kb_lo, trips = tile_m0, tile_kb_lo, tile_trips
                             slot = tiles % 2
                             T.barrier_wait(q_empty[slot], ((tiles // 2) & 1) ^ 1)
@@ -297,7 +297,9 @@ def fwd_ws_prim_func(
                             tile_m0 = m0_e
                             tile_kb_lo = kb_lo_e
                             tile_last_row = last_row_e
-                            tile_trips = T.max(n_blocks, 1)
+                            # As the producer's: a T.macro cannot store into registers it
+                            # receives as arguments (TileLang 0.1.15 drops the stores).
+                            tile_trips = pipelined_trips(n_blocks)
                             m0, kb_lo, last_row, trips = tile_m0, tile_kb_lo, tile_last_row, tile_trips
                             mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
                             slot = tiles % 2

@@ -52,7 +52,9 @@ def pipelined_trips(n_blocks):
     At least one: the pipeliner waits for the tiles loaded before the loop (Q, or K and V)
     only inside it, and its shared-memory planner gives the epilogue's staging tile the same
     memory, so with an empty loop a late load landed on the output (seen on an H100).  The
-    extra trip visits a block that no row of the tile can see, so the mask zeroes it.
+    extra trip visits a block that no row of the tile can see, so the mask zeroes it.  The
+    paired hand-written forward (``fwd_ws``) takes the same trip so that every tile has a first
+    and a last block for its cross-tile overlap.
     """
     return T.max(n_blocks, 1)
 
