@@ -208,6 +208,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("timing")
     t.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_MS, metavar="MS", help="warm-up per timing (ms)")
     t.add_argument("--rep", type=float, default=DEFAULT_REP_MS, metavar="MS", help="timed repetitions per timing (ms)")
+    t.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="time every case N times, the backends in turn each round; report the median "
+                        "(clock and temperature drift then hits every backend alike)")
     t.add_argument("--no-check", action="store_true", help="do not compare flashtile with the reference first")
     t.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     t.add_argument("--cpu-threads", type=_size, default=1, metavar="N",
@@ -291,6 +294,7 @@ class Plan:
     check: bool
     time_limit: Optional[float]
     notes: list[str] = field(default_factory=list)
+    rounds: int = 1  # timings per (case, backend, mode), taken in turn across the backends
 
     @property
     def baseline(self) -> Optional[str]:
@@ -298,7 +302,7 @@ class Plan:
 
     @property
     def timings(self) -> int:
-        return len(self.cases) * len(self.backends) * len(self.modes)
+        return len(self.cases) * len(self.backends) * len(self.modes) * self.rounds
 
 
 def _short(n: int) -> str:
@@ -336,6 +340,8 @@ def resolve(args: argparse.Namespace, cuda_available: bool) -> Plan:
     window = args.window or (-1, -1)
     if args.warmup < 0 or args.rep <= 0:
         raise ValueError("--warmup must be >= 0 and --rep > 0 (milliseconds)")
+    if args.rounds < 1:
+        raise ValueError("--rounds must be >= 1")
 
     cases = []
     for dim, dim_v in headdims:
@@ -366,7 +372,7 @@ def resolve(args: argparse.Namespace, cuda_available: bool) -> Plan:
                         batch = CPU_BATCH
                     cases.append(Case(batch, s, s, nheads, nheads_kv, dim, dim_v, causal, window, _dtype_name(dtype)))
     return Plan(device, dtype, cases, modes, backends, args.warmup, args.rep, not args.no_check,
-                args.time_limit, notes)
+                args.time_limit, notes, args.rounds)
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,10 +696,11 @@ class Result:
     mode: str
     backend: str
     status: str = "ok"  # ok, unsupported, oom, error, mismatch, skipped
-    ms: Optional[float] = None
+    ms: Optional[float] = None  # median over ``samples``
     note: str = ""
     detail: str = ""
     vs_baseline: Optional[float] = None
+    samples: list[float] = field(default_factory=list)  # one median ms per round
 
     @property
     def flops(self) -> int:
@@ -708,6 +715,7 @@ class Result:
             "mode": self.mode, **self.case.fields(), "backend": self.backend, "status": self.status,
             "ms": self.ms, "tflops": self.tflops, "flops": self.flops, "vs_baseline": self.vs_baseline,
             "note": self.note, "detail": self.detail,
+            "rounds_ms": " ".join(f"{x:.4f}" for x in self.samples),
         }
 
 
@@ -765,6 +773,7 @@ def sweep(plan: Plan, timer: Callable, reporter: Optional[Reporter] = None) -> l
                 inp = Inputs(case, plan.device, plan.dtype)
             except Exception as e:  # noqa: BLE001 - reported, e.g. oom
                 inp_failure = classify(e)
+        primed = []  # (runner, results) of the backends that ran and passed the check
         for backend in plan.backends:
             new = [Result(case, m, backend) for m in plan.modes]
             case_results += new
@@ -776,15 +785,26 @@ def sweep(plan: Plan, timer: Callable, reporter: Optional[Reporter] = None) -> l
                     r.status, r.detail = failure
             else:
                 try:
-                    _run_backend(plan, case, inp, backend, new, timer, need_bwd, reporter)
+                    runner = _prime_backend(plan, case, inp, backend, new, need_bwd, reporter)
+                    if runner is not None:
+                        primed.append((runner, new))
                 except KeyboardInterrupt:
                     stop = "interrupted"
-                    for r in new:
-                        if r.status == "ok" and r.ms is None:
-                            r.status, r.detail = "skipped", stop
-            done += len(new)
-            if reporter:
-                reporter.completed(done)
+        for _ in range(plan.rounds):
+            for runner, new in primed:
+                try:
+                    if stop is None:
+                        _time_backend(plan, case, runner, new, timer, reporter)
+                except KeyboardInterrupt:
+                    stop = "interrupted"
+        for r in case_results:
+            if r.samples:
+                r.ms = statistics.median(r.samples)
+            elif r.status == "ok":
+                r.status, r.detail = "skipped", stop or "not timed"
+        done += len(case_results) * plan.rounds
+        if reporter:
+            reporter.completed(done)
         _ratios(case_results, plan.baseline)
         results += case_results
         del inp
@@ -793,8 +813,9 @@ def sweep(plan: Plan, timer: Callable, reporter: Optional[Reporter] = None) -> l
     return results
 
 
-def _run_backend(plan, case, inp, backend, results, timer, need_bwd, reporter) -> None:
-    """Prime (compile, check) then time each mode; failures become words in ``results``."""
+def _prime_backend(plan, case, inp, backend, results, need_bwd, reporter) -> Optional[Runner]:
+    """First call (compile), gradients, and for flashtile the reference check: the runner to
+    time, or None with the failure written into ``results`` as words."""
     by_mode = {r.mode: r for r in results}
 
     def fail(modes, failure):
@@ -807,7 +828,8 @@ def _run_backend(plan, case, inp, backend, results, timer, need_bwd, reporter) -
     try:
         runner = FACTORIES[backend](case, inp, plan.device)
     except Exception as e:  # noqa: BLE001
-        return fail(plan.modes, classify(e))
+        fail(plan.modes, classify(e))
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with runner.context():
@@ -823,7 +845,8 @@ def _run_backend(plan, case, inp, backend, results, timer, need_bwd, reporter) -
                     except Exception as e2:  # noqa: BLE001
                         failure = classify(e2)
                 if out is None:
-                    return fail(plan.modes, failure)
+                    fail(plan.modes, failure)
+                    return None
             grads = None
             if need_bwd:
                 try:
@@ -842,14 +865,23 @@ def _run_backend(plan, case, inp, backend, results, timer, need_bwd, reporter) -
                 except Exception as e:  # noqa: BLE001 - the check could not run: never time unchecked
                     fail(plan.modes, ("error", "check failed: " + classify(e)[1]))
             del out, grads
+    for r in results:
+        r.note = runner.note
+    return runner if any(r.status == "ok" for r in results) else None
+
+
+def _time_backend(plan, case, runner, results, timer, reporter) -> None:
+    """One round: time each mode still ok once, appending to its samples."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with runner.context():
             for r in results:
-                r.note = runner.note
                 if r.status != "ok":
                     continue
                 if reporter:
-                    reporter.describe(f"{case.label} · {backend} · {r.mode}")
+                    reporter.describe(f"{case.label} · {r.backend} · {r.mode}")
                 try:
-                    r.ms = timer(_timed_fn(runner, r.mode), runner.leaves)
+                    r.samples.append(timer(_timed_fn(runner, r.mode), runner.leaves))
                 except KeyboardInterrupt:
                     raise
                 except Exception as e:  # noqa: BLE001
@@ -1197,6 +1229,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, plan: Plan, console) -> int:
     timer, timing = make_timer(plan.device, plan.warmup, plan.rep)
+    if plan.rounds > 1:
+        timing += f"; median of {plan.rounds} rounds, the backends timed in turn each round"
     meta = environment(plan, timing)
     for line in header_lines(meta, plan):
         console.print(line, markup=False, highlight=False)

@@ -340,3 +340,22 @@ def test_first_call_failure_retries_the_fallback(monkeypatch, tmp_path):
                            "--json", str(out))) == 0
     rows = [r for r in json.loads(out.read_text())["results"] if r["backend"] == "sdpa"]
     assert rows and all(r["status"] == "ok" and r["note"] == "kv expanded" for r in rows)
+
+
+def test_rounds_interleave_backends_and_report_the_median(monkeypatch, tmp_path):
+    calls, clock = [], iter(range(1, 1000))
+
+    def timer(fn, grads):  # a fake clock that drifts upward: round r of every backend sees r
+        calls.append(fn)
+        return float(next(clock))
+
+    monkeypatch.setattr(bench, "make_timer", lambda *a: (timer, "fake"))
+    out = tmp_path / "r.json"
+    assert bench.run(parse(*TINY, "--seqlen", "32", "--causal", "false", "--mode", "fwd", "--rounds", "3",
+                           "--json", str(out))) == 0
+    rows = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"flashtile", "sdpa"} and len(calls) == 6
+    # In turn: flashtile, sdpa, flashtile, sdpa, ...: samples 1 3 5 and 2 4 6, medians 3 and 4.
+    assert rows["flashtile"]["rounds_ms"].split() == ["1.0000", "3.0000", "5.0000"], rows["flashtile"]
+    assert rows["flashtile"]["ms"] == 3.0 and rows["sdpa"]["ms"] == 4.0
+    assert rows["flashtile"]["vs_baseline"] == 4.0 / 3.0
