@@ -71,6 +71,21 @@ def test_feature_variants_build(has_sinks, has_softcap):
         _assert_hopper(main.get_kernel_source(), "bwd softcap")
 
 
+@pytest.mark.parametrize("dim", [128, 256])
+def test_auto_pipelined_forward_builds(dim):
+    """The table picks the hand-written forward everywhere; the auto-pipelined schedule stays
+    buildable as the baseline that ``benchmarks/tune.py`` measures against."""
+    from flashtile.kernels.fwd import get_forward_kernel
+
+    configs.overrides["fwd"] = configs.FwdConfig(block_m=128, block_n=128 if dim <= 128 else 80, num_stages=2, threads=256)
+    try:
+        src = get_forward_kernel(dim, dim, "bfloat16", has_sinks=True, has_softcap=False).get_kernel_source()
+    finally:
+        configs.overrides.pop("fwd")
+    _assert_hopper(src, f"auto-pipelined fwd d={dim}")
+    assert "wait_wgmma<1>" not in src, "the auto-pipelined forward should keep its GEMMs synchronous"
+
+
 def test_symbolic_shapes_are_not_specialised():
     """Batch, lengths and head counts are kernel arguments, not constants baked into the code."""
     from flashtile.kernels.fwd import get_forward_kernel
@@ -97,10 +112,11 @@ def _ptxas_report(src: str, tmp_path) -> str:
 
 
 def _overlapped_kernel(which: str, has_softcap: bool):
-    if which == "fwd":
+    if which.startswith("fwd"):  # "fwd" at d=128, "fwd256" at d=256
         from flashtile.kernels.fwd import get_forward_kernel
 
-        return get_forward_kernel(128, 128, "bfloat16", True, has_softcap)
+        dim = int(which[3:] or 128)
+        return get_forward_kernel(dim, dim, "bfloat16", True, has_softcap)
     from flashtile.kernels.bwd import get_backward_kernels
 
     if which == "dq":  # the deterministic mode's dQ kernel
@@ -110,16 +126,16 @@ def _overlapped_kernel(which: str, has_softcap: bool):
 
 @pytest.mark.parametrize(
     "which,has_softcap,overlapped",
-    [("fwd", False, True), ("fwd", True, True), ("bwd", False, True), ("bwd", True, False), ("dq", False, True), ("dq", True, True)],
+    [("fwd", False, True), ("fwd", True, True), ("fwd256", True, True), ("bwd", False, True), ("bwd", True, False), ("dq", False, True), ("dq", True, True)],
 )
 def test_overlapped_kernels_keep_wgmma_async(which, has_softcap, overlapped, tmp_path):
-    """The d=128 kernels issue WGMMAs asynchronously and compute under them; that only pays
+    """The hand-written kernels issue WGMMAs asynchronously and compute under them; that only pays
     off while ptxas keeps them asynchronous.  An accumulator touched while a wgmma may still
     be in flight (e.g. a wait behind a branch) makes ptxas serialise every wgmma in the
     kernel (C7515), silently costing the overlap.  The softcap backward stays synchronous: its
     tanh tile already costs 80 bytes of spills there (124 overlapped), recorded, not hidden."""
     src = _overlapped_kernel(which, has_softcap).get_kernel_source()
-    assert ("wait_wgmma<1>" in src) == overlapped, f"d=128 {which} softcap={has_softcap}: wrong schedule"
+    assert ("wait_wgmma<1>" in src) == overlapped, f"{which} softcap={has_softcap}: wrong schedule"
     report = _ptxas_report(src, tmp_path)
     assert "C7515" not in report and "serialized" not in report, report
     if not (which == "bwd" and has_softcap):

@@ -9,10 +9,11 @@ blocks are never visited); S = Q K^T by WGMMA; mask only boundary blocks; online
 base 2 with log2(e) folded into the scale (``softmax.py``); O += P V.  The epilogue folds in
 the sink, writes O through shared memory (TMA store) and the log-sum-exp in natural log.
 
-Two schedules of that loop, chosen per head dim by the tile table (``configs.fwd_config``):
-``attention_fwd_kernel`` here lets TileLang's pipeliner warp-specialise it (synchronous
-GEMMs; used at d > 128), and ``fwd_ws.attention_fwd_ws_kernel`` overlaps each softmax with
-the GEMMs by hand (d <= 128).
+Two schedules of that loop: ``attention_fwd_kernel`` here lets TileLang's pipeliner
+warp-specialise it (synchronous GEMMs), and ``fwd_ws`` overlaps each softmax with the GEMMs
+by hand.  The tile table (``configs.fwd_config``) picks the hand-written one at every head
+dim, where it measured faster; the pipelined one stays as the baseline ``benchmarks/tune.py``
+measures against (``manual_ws=False``), and the CPU tests keep it building.
 """
 
 
