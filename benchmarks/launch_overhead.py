@@ -62,13 +62,15 @@ def main():
         except Exception as e:  # report and keep going: this is a measurement tool
             print(f"   failed  {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
     if args.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(300):
-            flashtile.flash_attn_func(q, k, v)
-        prof.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        for what, inputs in (("no grad", (q, k, v)), ("requires_grad", (qg, kg, vg))):
+            print(f"--- profile: flash_attn_func, {what}")
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(300):
+                flashtile.flash_attn_func(*inputs)
+            prof.disable()
+            torch.cuda.synchronize()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(22)
 
 
 if __name__ == "__main__":
