@@ -32,7 +32,9 @@ def _qkv(d=128, dv=128, dtype=torch.bfloat16, b=1, s=8, h=2):
     return q, k, v
 
 
-@pytest.mark.parametrize("d,dv", [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256), (80, 80), (112, 48)])
+@pytest.mark.parametrize(
+    "d,dv", [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256), (80, 80), (112, 48), (40, 40), (72, 72), (128, 100), (1, 256)]
+)
 def test_hopper_half_precision_is_supported(hopper, d, dv):
     for dtype in (torch.float16, torch.bfloat16):
         assert kernels.unsupported_reason(*_qkv(d, dv, dtype)) is None
@@ -43,9 +45,8 @@ def test_hopper_half_precision_is_supported(hopper, d, dv):
     [
         (dict(dtype=torch.float32), "dtype torch.float32"),
         (dict(dtype=torch.float64), "dtype torch.float64"),
-        (dict(d=72, dv=72), "headdim=72"),
-        (dict(d=128, dv=100), "headdim_v=100"),
         (dict(d=288, dv=288), "headdim=288"),
+        (dict(d=128, dv=264), "headdim_v=264"),
         (dict(b=1 << 12, s=1 << 12, h=1 << 4), "2^31"),
     ],
 )
@@ -65,3 +66,34 @@ def test_require_raises_not_implemented(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     with pytest.raises(NotImplementedError, match="no CUDA kernel for dtype torch.float32"):
         kernels._require(*_qkv(dtype=torch.float32))
+
+
+@pytest.mark.parametrize("dim,kernel_dim", [(1, 16), (16, 16), (40, 48), (72, 80), (100, 112), (250, 256), (256, 256)])
+def test_kernel_headdim_is_the_next_multiple_of_16(dim, kernel_dim):
+    from flashtile.kernels import configs
+
+    assert configs.kernel_headdim(dim) == kernel_dim
+
+
+@pytest.mark.parametrize("d,dv,causal", [(40, 40, True), (72, 100, False), (24, 8, True)])
+def test_zero_padded_head_dims_change_nothing(d, dv, causal):
+    """The launcher runs other head dims on zero-padded copies (``kernels._pad_headdim``) and
+    cuts the padding off: exact for out, lse and every gradient (checked on the reference)."""
+    from flashtile import reference
+    from flashtile.kernels import configs
+
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 33, 4, d, dtype=torch.float64), torch.randn(2, 47, 2, d, dtype=torch.float64)
+    v, dout = torch.randn(2, 47, 2, dv, dtype=torch.float64), torch.randn(2, 33, 4, dv, dtype=torch.float64)
+    scale, window = d**-0.5, ((-1, 0) if causal else (-1, -1))
+    dp, dvp = configs.kernel_headdim(d), configs.kernel_headdim(dv)
+    pad = kernels._pad_headdim
+    out, lse = reference.attention_forward(q, k, v, scale, window)
+    out_p, lse_p = reference.attention_forward(pad(q, dp), pad(k, dp), pad(v, dvp), scale, window)
+    torch.testing.assert_close(out_p[..., :dv], out, msg="padded out differs")
+    torch.testing.assert_close(out_p[..., dv:], torch.zeros_like(out_p[..., dv:]), msg="padded out columns not zero")
+    torch.testing.assert_close(lse_p, lse, msg="padded lse differs")
+    grads = reference.attention_backward(dout, q, k, v, out, lse, scale, window)
+    grads_p = reference.attention_backward(pad(dout, dvp), pad(q, dp), pad(k, dp), pad(v, dvp), out_p, lse_p, scale, window)
+    for name, g, gp, n in zip(("dq", "dk", "dv"), grads, grads_p, (d, d, dv)):
+        torch.testing.assert_close(gp[..., :n], g, msg=f"padded {name} differs")

@@ -31,8 +31,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str
         if numel >= 2**31:
             return f"{name} with 2^31 or more elements (kernels index with 32 bits; split the batch)"
     for name, dim in (("headdim", q.shape[-1]), ("headdim_v", v.shape[-1])):
-        if not configs.headdim_supported(dim):
-            return f"{name}={dim} (kernels take multiples of {configs.HEADDIM_STEP} up to {configs.MAX_HEADDIM})"
+        if not 0 < dim <= configs.MAX_HEADDIM:
+            return f"{name}={dim} (kernels take head dims up to {configs.MAX_HEADDIM})"
     return None
 
 
@@ -42,6 +42,11 @@ def _prepare(*tensors: torch.Tensor) -> list[torch.Tensor]:
         x.clone(memory_format=torch.contiguous_format) if not x.is_contiguous() or x.data_ptr() % 16 else x
         for x in tensors
     ]
+
+
+def _pad_headdim(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` with zero columns appended up to ``dim`` (``configs.kernel_headdim``)."""
+    return x if x.shape[-1] == dim else torch.nn.functional.pad(x, (0, dim - x.shape[-1]))
 
 
 def _require(q, k, v) -> None:
@@ -55,8 +60,11 @@ def forward(q, k, v, sinks, softmax_scale, window, softcap):
     from .fwd import launch_forward
 
     _require(q, k, v)
-    q, k, v = _prepare(q, k, v)
-    return launch_forward(q, k, v, sinks, softmax_scale, window, softcap)
+    d, dv = q.shape[-1], v.shape[-1]
+    dp, dvp = configs.kernel_headdim(d), configs.kernel_headdim(dv)
+    q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
+    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap)
+    return out[..., :dv], lse
 
 
 def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
@@ -64,5 +72,10 @@ def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softca
     from .bwd import launch_backward
 
     _require(q, k, v)
-    dout, q, k, v, out = _prepare(dout, q, k, v, out)
-    return launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic)
+    d, dv = q.shape[-1], v.shape[-1]
+    dp, dvp = configs.kernel_headdim(d), configs.kernel_headdim(dv)
+    dout, q, k, v, out = _prepare(
+        _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
+    )
+    dq, dk, dv_, dsinks = launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic)
+    return dq[..., :d], dk[..., :d], dv_[..., :dv], dsinks

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 ARCH = "sm_90a"
-# Head dims the kernels take: the QK^T GEMM's K and the PV GEMM's N must be multiples of 16
-# for WGMMA; larger than 256 does not fit the register file.
+# Head dims the kernels are built for: the QK^T GEMM's K and the PV GEMM's N must be multiples
+# of 16 for WGMMA (other dims are zero-padded up, ``kernel_headdim``); larger than 256 does not
+# fit the register file.
 HEADDIM_STEP = 16
 MAX_HEADDIM = 256
 DTYPES = (torch.float16, torch.bfloat16)
@@ -64,8 +65,13 @@ class DqConfig:
 overrides: dict[str, object] = {}
 
 
-def headdim_supported(dim: int) -> bool:
-    return 0 < dim <= MAX_HEADDIM and dim % HEADDIM_STEP == 0
+def kernel_headdim(dim: int) -> int:
+    """The kernel head dim that serves a user head dim: the next multiple of HEADDIM_STEP.
+
+    Zero columns change no score (q . k sums over them) and add output columns that are cut
+    off, so e.g. d=40 (Stable Diffusion) runs the d=48 kernel on zero-padded copies; the
+    softmax scale stays the caller's (1/sqrt(40) by default)."""
+    return -(-dim // HEADDIM_STEP) * HEADDIM_STEP
 
 
 def mask_kind(window: tuple[int, int]) -> str:
