@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/sum
 
 t0=$(date +%s)
 timeout "${PRECOMPILE_S:-150}" python3 -m flashtile.kernels.precompile --jobs "$jobs" \
-  --headdim 64 96 128 192/128 256 48 208/112 --features plain --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO > "$out/precompile.log"
+  --headdim 64 96 128 192/128 256 40 200/100 --features plain --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO > "$out/precompile.log"
 timeout 60 python3 -m flashtile.kernels.precompile --jobs "$jobs" --headdim 64 128 --dtype bfloat16 \
   --features sinks softcap both --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO >> "$out/precompile.log"
 echo "precompile: $(( $(date +%s) - t0 ))s, $(grep -c "s$" "$out/precompile.log") structures" | tee -a "$out/summary.txt"

@@ -68,11 +68,13 @@ def test_require_raises_not_implemented(monkeypatch):
         kernels._require(*_qkv(dtype=torch.float32))
 
 
-@pytest.mark.parametrize("dim,kernel_dim", [(1, 16), (16, 16), (40, 48), (72, 80), (100, 112), (250, 256), (256, 256)])
-def test_kernel_headdim_is_the_next_multiple_of_16(dim, kernel_dim):
+@pytest.mark.parametrize(
+    "dim,fwd,bwd", [(1, 16, 32), (16, 16, 32), (40, 48, 64), (72, 80, 96), (80, 80, 96), (100, 112, 128), (250, 256, 256), (256, 256, 256)]
+)
+def test_kernel_headdim_is_the_next_multiple_the_pass_builds(dim, fwd, bwd):
     from flashtile.kernels import configs
 
-    assert configs.kernel_headdim(dim) == kernel_dim
+    assert (configs.kernel_headdim(dim, "fwd"), configs.kernel_headdim(dim, "bwd")) == (fwd, bwd)
 
 
 @pytest.mark.parametrize("d,dv,causal", [(40, 40, True), (72, 100, False), (24, 8, True)])
@@ -86,7 +88,7 @@ def test_zero_padded_head_dims_change_nothing(d, dv, causal):
     q, k = torch.randn(2, 33, 4, d, dtype=torch.float64), torch.randn(2, 47, 2, d, dtype=torch.float64)
     v, dout = torch.randn(2, 47, 2, dv, dtype=torch.float64), torch.randn(2, 33, 4, dv, dtype=torch.float64)
     scale, window = d**-0.5, ((-1, 0) if causal else (-1, -1))
-    dp, dvp = configs.kernel_headdim(d), configs.kernel_headdim(dv)
+    dp, dvp = configs.kernel_headdim(d, "bwd"), configs.kernel_headdim(dv, "bwd")
     pad = kernels._pad_headdim
     out, lse = reference.attention_forward(q, k, v, scale, window)
     out_p, lse_p = reference.attention_forward(pad(q, dp), pad(k, dp), pad(v, dvp), scale, window)

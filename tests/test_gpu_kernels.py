@@ -54,7 +54,7 @@ MASKS = {
 }
 SEQLENS = [(1, 1), (17, 113), (113, 203), (239, 1), (1023, 1024), (1024, 1023), (4224, 4224)]
 HEADDIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
-# Not multiples of 16: run on zero-padded copies (d=40 as in Stable Diffusion; 200/100).
+# Head dims no kernel is built for, run on zero-padded copies (d=40 as in Stable Diffusion).
 PADDED_HEADDIMS = [(40, 40, FP16), (200, 100, BF16)]
 HEADS = [(4, 4), (8, 2), (4, 1)]  # MHA, GQA 4:1, MQA
 
@@ -126,7 +126,7 @@ GRID = [
     G(113, 203, 256, 256, 4, 4, "causal+win(256)", BF16, batch=2),
     G(1023, 1024, 256, 256, 4, 4, "win(127,0)", FP16),
     G(239, 1, 256, 256, 4, 1, "win(64,64)", BF16, batch=2),
-    # head dims the kernels are not built for: zero-padded to 48 and 208/112
+    # head dims no kernel is built for: zero-padded (forward 48 and 208/112, backward 64 and 224/128)
     G(113, 203, 40, 40, 8, 2, "causal", FP16, batch=2),
     G(1023, 1024, 200, 100, 4, 1, "win(64,64)", BF16),
 ]

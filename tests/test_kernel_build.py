@@ -71,6 +71,20 @@ def test_feature_variants_build(has_sinks, has_softcap):
         _assert_hopper(main.get_kernel_source(), "bwd softcap")
 
 
+@pytest.mark.parametrize("d,dv", [(72, 72), (200, 100)])
+def test_padded_head_dims_build(d, dv):
+    """Head dims outside the table run the kernels of ``configs.kernel_headdim``: forward at the
+    next multiple of 16 (72 -> 80, 200/100 -> 208/112), backward at the next multiple of 32."""
+    from flashtile.kernels.bwd import get_backward_kernels
+    from flashtile.kernels.fwd import get_forward_kernel
+
+    fd, fdv = configs.kernel_headdim(d, "fwd"), configs.kernel_headdim(dv, "fwd")
+    _assert_hopper(get_forward_kernel(fd, fdv, "bfloat16", False, False).get_kernel_source(), f"fwd d={fd}/{fdv}")
+    bd, bdv = configs.kernel_headdim(d, "bwd"), configs.kernel_headdim(dv, "bwd")
+    _, main, _ = get_backward_kernels(bd, bdv, "bfloat16", has_softcap=False, has_dlse=False, deterministic=False)
+    _assert_hopper(main.get_kernel_source(), f"bwd d={bd}/{bdv}")
+
+
 @pytest.mark.parametrize("dim", [128, 256])
 def test_auto_pipelined_forward_builds(dim):
     """The table picks the hand-written forward everywhere; the auto-pipelined schedule stays

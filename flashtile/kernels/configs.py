@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 ARCH = "sm_90a"
-# Head dims the kernels are built for: the QK^T GEMM's K and the PV GEMM's N must be multiples
-# of 16 for WGMMA (other dims are zero-padded up, ``kernel_headdim``); larger than 256 does not
-# fit the register file.
-HEADDIM_STEP = 16
+# Head dims the kernels are built for (other dims are zero-padded up, ``kernel_headdim``): the
+# QK^T GEMM's K and the PV GEMM's N must be multiples of 16 for WGMMA, and the backward's K and
+# dO tiles at an odd multiple of 16 (48, 80, 112, ...) get two conflicting shared-memory layouts
+# in TileLang 0.1.15 ("Get different layout for k_s"), so the backward takes multiples of 32.
+# Larger than 256 does not fit the register file.
+HEADDIM_STEP = {"fwd": 16, "bwd": 32}
 MAX_HEADDIM = 256
 DTYPES = (torch.float16, torch.bfloat16)
 MASK_KINDS = ("full", "local")  # local = causal and/or sliding window
@@ -65,13 +67,15 @@ class DqConfig:
 overrides: dict[str, object] = {}
 
 
-def kernel_headdim(dim: int) -> int:
-    """The kernel head dim that serves a user head dim: the next multiple of HEADDIM_STEP.
+def kernel_headdim(dim: int, pass_: str) -> int:
+    """The kernel head dim that serves a user head dim in ``pass_`` ("fwd" or "bwd"): the next
+    multiple of ``HEADDIM_STEP[pass_]``.
 
     Zero columns change no score (q . k sums over them) and add output columns that are cut
-    off, so e.g. d=40 (Stable Diffusion) runs the d=48 kernel on zero-padded copies; the
-    softmax scale stays the caller's (1/sqrt(40) by default)."""
-    return -(-dim // HEADDIM_STEP) * HEADDIM_STEP
+    off, so e.g. d=40 (Stable Diffusion) runs the d=48 forward and the d=64 backward on
+    zero-padded copies; the softmax scale stays the caller's (1/sqrt(40) by default)."""
+    step = HEADDIM_STEP[pass_]
+    return -(-dim // step) * step
 
 
 def mask_kind(window: tuple[int, int]) -> str:
