@@ -813,6 +813,15 @@ def sweep(plan: Plan, timer: Callable, reporter: Optional[Reporter] = None) -> l
     return results
 
 
+@contextlib.contextmanager
+def _quiet(runner: Runner):
+    """The backend's own context (e.g. SDPA's backend choice), its warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with runner.context():
+            yield
+
+
 def _prime_backend(plan, case, inp, backend, results, need_bwd, reporter) -> Optional[Runner]:
     """First call (compile), gradients, and for flashtile the reference check: the runner to
     time, or None with the failure written into ``results`` as words."""
@@ -830,41 +839,39 @@ def _prime_backend(plan, case, inp, backend, results, need_bwd, reporter) -> Opt
     except Exception as e:  # noqa: BLE001
         fail(plan.modes, classify(e))
         return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with runner.context():
-            out = None
+    with _quiet(runner):
+        out = None
+        try:
+            out = runner.fwd()
+        except Exception as e:  # noqa: BLE001
+            failure = classify(e)
+            if runner.fallback is not None and failure[0] in runner.fallback_on:
+                runner = runner.fallback()
+                try:
+                    out = runner.fwd()
+                except Exception as e2:  # noqa: BLE001
+                    failure = classify(e2)
+            if out is None:
+                fail(plan.modes, failure)
+                return None
+        grads = None
+        if need_bwd:
             try:
-                out = runner.fwd()
+                grads = torch.autograd.grad(out, runner.leaves, runner.dout)
             except Exception as e:  # noqa: BLE001
-                failure = classify(e)
-                if runner.fallback is not None and failure[0] in runner.fallback_on:
-                    runner = runner.fallback()
-                    try:
-                        out = runner.fwd()
-                    except Exception as e2:  # noqa: BLE001
-                        failure = classify(e2)
-                if out is None:
-                    fail(plan.modes, failure)
-                    return None
-            grads = None
-            if need_bwd:
-                try:
-                    grads = torch.autograd.grad(out, runner.leaves, runner.dout)
-                except Exception as e:  # noqa: BLE001
-                    fail([m for m in plan.modes if m != "fwd"], classify(e))
-            if backend == "flashtile" and plan.check:
-                try:
-                    bad_fwd = check_flashtile(case, inp, out, None, plan.dtype)
-                    if bad_fwd:
-                        fail(plan.modes, ("mismatch", bad_fwd))
-                    elif grads is not None:
-                        bad = check_flashtile(case, inp, out, grads, plan.dtype)
-                        if bad:
-                            fail([m for m in plan.modes if m != "fwd"], ("mismatch", bad))
-                except Exception as e:  # noqa: BLE001 - the check could not run: never time unchecked
-                    fail(plan.modes, ("error", "check failed: " + classify(e)[1]))
-            del out, grads
+                fail([m for m in plan.modes if m != "fwd"], classify(e))
+        if backend == "flashtile" and plan.check:
+            try:
+                bad_fwd = check_flashtile(case, inp, out, None, plan.dtype)
+                if bad_fwd:
+                    fail(plan.modes, ("mismatch", bad_fwd))
+                elif grads is not None:
+                    bad = check_flashtile(case, inp, out, grads, plan.dtype)
+                    if bad:
+                        fail([m for m in plan.modes if m != "fwd"], ("mismatch", bad))
+            except Exception as e:  # noqa: BLE001 - the check could not run: never time unchecked
+                fail(plan.modes, ("error", "check failed: " + classify(e)[1]))
+        del out, grads
     for r in results:
         r.note = runner.note
     return runner if any(r.status == "ok" for r in results) else None
@@ -872,27 +879,25 @@ def _prime_backend(plan, case, inp, backend, results, need_bwd, reporter) -> Opt
 
 def _time_backend(plan, case, runner, results, timer, reporter) -> None:
     """One round: time each mode still ok once, appending to its samples."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with runner.context():
-            for r in results:
-                if r.status != "ok":
-                    continue
-                if reporter:
-                    reporter.describe(f"{case.label} · {r.backend} · {r.mode}")
-                try:
-                    r.samples.append(timer(_timed_fn(runner, r.mode), runner.leaves))
-                except KeyboardInterrupt:
-                    raise
-                except Exception as e:  # noqa: BLE001
-                    r.status, r.detail = classify(e)
-                    if plan.device == "cuda" and r.status == "oom":
-                        torch.cuda.empty_cache()
-                finally:
-                    for x in runner.leaves:
-                        x.grad = None
-                if reporter:
-                    reporter.advance()
+    with _quiet(runner):
+        for r in results:
+            if r.status != "ok":
+                continue
+            if reporter:
+                reporter.describe(f"{case.label} · {r.backend} · {r.mode}")
+            try:
+                r.samples.append(timer(_timed_fn(runner, r.mode), runner.leaves))
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001
+                r.status, r.detail = classify(e)
+                if plan.device == "cuda" and r.status == "oom":
+                    torch.cuda.empty_cache()
+            finally:
+                for x in runner.leaves:
+                    x.grad = None
+            if reporter:
+                reporter.advance()
 
 
 def _ratios(results: list[Result], baseline: Optional[str]) -> None:

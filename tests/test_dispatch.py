@@ -88,7 +88,7 @@ def test_zero_padded_head_dims_change_nothing(d, dv, causal):
     q, k = torch.randn(2, 33, 4, d, dtype=torch.float64), torch.randn(2, 47, 2, d, dtype=torch.float64)
     v, dout = torch.randn(2, 47, 2, dv, dtype=torch.float64), torch.randn(2, 33, 4, dv, dtype=torch.float64)
     scale, window = d**-0.5, ((-1, 0) if causal else (-1, -1))
-    dp, dvp = configs.kernel_headdim(d, "bwd"), configs.kernel_headdim(dv, "bwd")
+    dp, dvp = configs.kernel_headdims(d, dv, "bwd")
     pad = kernels._pad_headdim
     out, lse = reference.attention_forward(q, k, v, scale, window)
     out_p, lse_p = reference.attention_forward(pad(q, dp), pad(k, dp), pad(v, dvp), scale, window)

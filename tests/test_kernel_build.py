@@ -78,9 +78,9 @@ def test_padded_head_dims_build(d, dv):
     from flashtile.kernels.bwd import get_backward_kernels
     from flashtile.kernels.fwd import get_forward_kernel
 
-    fd, fdv = configs.kernel_headdim(d, "fwd"), configs.kernel_headdim(dv, "fwd")
+    fd, fdv = configs.kernel_headdims(d, dv, "fwd")
     _assert_hopper(get_forward_kernel(fd, fdv, "bfloat16", False, False).get_kernel_source(), f"fwd d={fd}/{fdv}")
-    bd, bdv = configs.kernel_headdim(d, "bwd"), configs.kernel_headdim(dv, "bwd")
+    bd, bdv = configs.kernel_headdims(d, dv, "bwd")
     _, main, _ = get_backward_kernels(bd, bdv, "bfloat16", has_softcap=False, has_dlse=False, deterministic=False)
     _assert_hopper(main.get_kernel_source(), f"bwd d={bd}/{bdv}")
 

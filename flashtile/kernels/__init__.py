@@ -61,7 +61,7 @@ def forward(q, k, v, sinks, softmax_scale, window, softcap):
 
     _require(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
-    dp, dvp = configs.kernel_headdim(d, "fwd"), configs.kernel_headdim(dv, "fwd")
+    dp, dvp = configs.kernel_headdims(d, dv, "fwd")
     q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
     out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap)
     return out[..., :dv], lse
@@ -73,7 +73,7 @@ def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softca
 
     _require(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
-    dp, dvp = configs.kernel_headdim(d, "bwd"), configs.kernel_headdim(dv, "bwd")
+    dp, dvp = configs.kernel_headdims(d, dv, "bwd")
     dout, q, k, v, out = _prepare(
         _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
     )

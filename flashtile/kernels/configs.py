@@ -78,6 +78,11 @@ def kernel_headdim(dim: int, pass_: str) -> int:
     return -(-dim // step) * step
 
 
+def kernel_headdims(dim: int, dim_v: int, pass_: str) -> tuple[int, int]:
+    """``kernel_headdim`` of both head dims (q/k's and v's)."""
+    return kernel_headdim(dim, pass_), kernel_headdim(dim_v, pass_)
+
+
 def mask_kind(window: tuple[int, int]) -> str:
     return "full" if window == (-1, -1) else "local"
 

@@ -27,8 +27,7 @@ def structures(headdims, dtypes, features, passes=PASSES):
     """Yield (pass, kwargs) for every requested static structure (user head dims are mapped to
     the kernel head dims that serve them, ``configs.kernel_headdim``)."""
     for (d, dv), dtype, feat, p in itertools.product(headdims, dtypes, features, passes):
-        step = "fwd" if p == "fwd" else "bwd"
-        dim, dim_v = configs.kernel_headdim(d, step), configs.kernel_headdim(dv, step)
+        dim, dim_v = configs.kernel_headdims(d, dv, "fwd" if p == "fwd" else "bwd")
         has_sinks, has_softcap = FEATURES[feat]
         if p == "fwd":
             yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
