@@ -1,0 +1,140 @@
+"""Argument checks shared by every public entry point.
+
+Each check refuses bad input before any work with a ``TypeError`` (wrong kind of thing) or a
+``ValueError`` (right kind, bad value) whose message reads
+``"<fn>: <arg> must be <expected>, got <given>"``; options flashtile does not implement raise
+``NotImplementedError`` naming the argument.
+
+The checks run inside ``torch.compile(fullgraph=True)`` traces too: they only use
+``isinstance`` and comparisons on the hot path, and format messages only when they fail.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+_SYM_REAL = (torch.SymInt, torch.SymFloat)
+_SYM_BOOL = (torch.SymBool,)
+
+
+def fail(fn: str, kind: type[Exception], arg: str, expected: str, given) -> None:
+    """Raise ``kind("<fn>: <arg> must be <expected>, got <given>")``."""
+    raise kind(f"{fn}: {arg} must be {expected}, got {given}")
+
+
+def describe(value) -> str:
+    """A short, unambiguous rendering of a given value for an error message: its type, and
+    its value when that is short (a tensor shows shape and dtype, never its data)."""
+    if isinstance(value, torch.Tensor):
+        return f"a Tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def is_real(x) -> bool:
+    """A real number (Python, numpy or symbolic under torch.compile), not a bool, not a tensor."""
+    if isinstance(x, (bool, torch.Tensor)):
+        return False
+    if isinstance(x, (int, float) + _SYM_REAL):
+        return True
+    # numpy scalars and other registered reals; numpy.bool_ is not a numbers.Real.
+    return isinstance(x, numbers.Real)
+
+
+def is_int(x) -> bool:
+    """An integer (Python, numpy or symbolic), not a bool."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, (int, torch.SymInt)):
+        return True
+    return isinstance(x, numbers.Integral) and not isinstance(x, torch.Tensor)
+
+
+def is_finite(x) -> bool:
+    # Comparisons instead of math.isfinite: they also work on SymFloat without a graph break.
+    return x == x and -math.inf < x < math.inf
+
+
+def check_flag(fn: str, name: str, value) -> None:
+    """A flag must be a Python ``bool``: ``'no'``, ``1`` or a tensor are refused, since
+    truthiness would silently turn ``deterministic='no'`` into True."""
+    if not isinstance(value, (bool,) + _SYM_BOOL):
+        fail(fn, TypeError, name, "a bool (True or False)", describe(value))
+
+
+def check_scale(fn: str, name: str, value) -> None:
+    """None, or a finite real number (a tensor is refused: pass ``float(t)``)."""
+    if value is None:
+        return
+    if not is_real(value):
+        fail(fn, TypeError, name, "None or a finite real number (float)", describe(value))
+    if not is_finite(value):
+        fail(fn, ValueError, name, "None or a finite real number (float)", value)
+
+
+def check_softcap(fn: str, value, name: str = "softcap") -> None:
+    """A finite real number >= 0 (0 = off)."""
+    if not is_real(value):
+        fail(fn, TypeError, name, "a real number (float)", describe(value))
+    if not is_finite(value) or value < 0:
+        fail(fn, ValueError, name, "a finite float >= 0 (0 = off)", value)
+
+
+def check_window(fn: str, window_size, name: str = "window_size") -> None:
+    """A pair of ints ``(left, right)``, each >= -1 (-1 = unbounded)."""
+    if not (
+        isinstance(window_size, (tuple, list))
+        and len(window_size) == 2
+        and all(is_int(w) for w in window_size)
+    ):
+        fail(fn, TypeError, name, "a pair of ints (left, right)", describe(window_size))
+    for side, w in zip(("left", "right"), window_size):
+        if w < -1:
+            fail(fn, ValueError, f"{name} {side}", ">= -1 (-1 = unbounded)", w)
+
+
+def check_tensor(fn: str, name: str, x, rank: int, layout: str, dtypes) -> None:
+    """A ``rank``-D torch.Tensor (``layout`` names its dims in messages) of one of ``dtypes``."""
+    if not isinstance(x, torch.Tensor):
+        fail(fn, TypeError, name, "a torch.Tensor", describe(x))
+    if x.dim() != rank:
+        fail(fn, ValueError, name, f"a {rank}-D tensor {layout}", f"shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        fail(fn, TypeError, f"{name}.dtype", f"one of {names}", x.dtype)
+
+
+def check_sinks(fn: str, sinks, nheads: int, device, name: str = "sinks") -> None:
+    """None, or a floating ``(nheads,)`` tensor on ``device``."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        fail(fn, TypeError, name, "None or a torch.Tensor", describe(sinks))
+    if sinks.shape != (nheads,):
+        fail(fn, ValueError, name, f"shape (nheads,) = ({nheads},)", f"shape {tuple(sinks.shape)}")
+    if not sinks.is_floating_point():
+        fail(fn, TypeError, f"{name}.dtype", "a floating dtype", sinks.dtype)
+    if sinks.device != device:
+        fail(fn, ValueError, f"{name}.device", f"q's device {device}", sinks.device)
+
+
+def reject_unsupported(fn: str, dropout_p=0.0, alibi_slopes=None) -> None:
+    """flash-attn options flashtile does not implement: refused, never ignored."""
+    if not is_real(dropout_p):
+        fail(fn, TypeError, "dropout_p", "a float (flashtile supports only 0.0)", describe(dropout_p))
+    if dropout_p != 0:
+        raise NotImplementedError(
+            f"{fn}: dropout_p={dropout_p} is not supported: flashtile has no attention "
+            "dropout; pass dropout_p=0.0"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            f"{fn}: alibi_slopes is not supported (got {describe(alibi_slopes)}); pass alibi_slopes=None"
+        )
