@@ -197,7 +197,7 @@ def _reference_double_backward(A, B, C, e, dout, dlse, q, k, v, out, lse, sinks,
         return x.to(acc).reshape(x.shape[0], x.shape[1], hkv, grp, x.shape[-1])
 
     def rows(x):  # (b, h, s) -> (b, hkv, g, s)
-        return x.to(acc).reshape(b, hkv, grp, -1)
+        return x.to(acc).reshape(b, hkv, grp, sq)  # explicit sizes: batch or heads may be 0
 
     kf, vf, Bf, Cf = (x.to(acc) for x in (k, v, B, C))
     lse_g = rows(lse)
@@ -257,7 +257,7 @@ def _reference_double_backward(A, B, C, e, dout, dlse, q, k, v, out, lse, sinks,
         g_dout[:, start:stop] = torch.einsum("bhgqk,bkhd->bqhgd", wp, vf) + torch.einsum("bhgqk,bkhd->bqhgd", p, Cf)
     # Delta = dO.O - dlse
     g_delta_bsh = g_delta.reshape(b, h, sq).transpose(1, 2)[..., None]  # (b, sq, h, 1)
-    g_dout = g_dout.reshape(b, sq, h, -1) + g_delta_bsh * out.to(acc)
+    g_dout = g_dout.reshape(b, sq, h, v.shape[-1]) + g_delta_bsh * out.to(acc)
     g_out = g_delta_bsh * dout.to(acc)
     g_dlse = None if dlse is None else (-g_delta.reshape(b, h, sq)).to(dlse.dtype)
     g_sinks = None

@@ -112,7 +112,7 @@ def attention_forward(
         lse = torch.log(l) + m  # l == 0 gives -inf, as the contract asks
         p = e / torch.where(l > 0, l, torch.ones_like(l))[..., None]
         o = torch.einsum("bhgqk,bkhd->bqhgd", p, vf)
-        outs.append(o.reshape(b, rows.numel(), h, -1))
+        outs.append(o.reshape(b, rows.numel(), h, v.shape[-1]))  # explicit sizes: any may be 0
         lses.append(lse.reshape(b, h, rows.numel()))
     out = torch.cat(outs, dim=1).to(q.dtype) if outs else q.new_zeros(b, 0, h, v.shape[-1])
     lse = torch.cat(lses, dim=2) if lses else q.new_zeros(b, h, 0, dtype=acc)
@@ -156,12 +156,12 @@ def attention_backward(
         qc = _group(q[:, start:stop].to(acc), hkv)
         doc = _group(dout[:, start:stop].to(acc), hkv)
         s, t = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window)
-        lse_c = lse[:, :, start:stop].reshape(b, hkv, h // hkv, -1)[..., None]
+        lse_c = lse[:, :, start:stop].reshape(b, hkv, h // hkv, stop - start)[..., None]
         finite = torch.isfinite(lse_c)
         p = torch.where(finite, torch.exp(s - torch.where(finite, lse_c, torch.zeros_like(lse_c))), torch.zeros_like(s))
         dv += torch.einsum("bhgqk,bqhgd->bkhd", p, doc)
         dp = torch.einsum("bqhgd,bkhd->bhgqk", doc, vf)
-        delta_c = delta[:, :, start:stop].reshape(b, hkv, h // hkv, -1)[..., None]
+        delta_c = delta[:, :, start:stop].reshape(b, hkv, h // hkv, stop - start)[..., None]
         ds = p * (dp - delta_c)
         if t is not None:
             ds = ds * (1 - t * t)

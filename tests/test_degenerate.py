@@ -1,0 +1,94 @@
+"""Degenerate shapes get a defined answer: empty batch, empty sequences, zero query heads.
+
+Every public entry point returns correctly shaped empty (or zero / -inf) outputs and
+correctly shaped gradients instead of failing deep inside; ``nheads_kv == 0`` is a named
+``ValueError``.  (Found by the fuzz tests: ``q`` of shape (0, 8, 4, 16) used to raise
+``RuntimeError: cannot reshape tensor of 0 elements`` from ``reference.attention_forward``.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashtile
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_kv)
+SHAPES = [
+    (0, 8, 8, 4, 2),  # empty batch
+    (2, 0, 8, 4, 2),  # no queries
+    (2, 5, 0, 4, 2),  # no keys: out 0, lse -inf (or the sink)
+    (2, 8, 8, 0, 1),  # no query heads
+    (0, 0, 0, 0, 1),  # everything empty
+    (1, 1, 1, 1, 1),  # smallest non-empty
+]
+
+
+def _inputs(b, sq, sk, h, hkv, d=16, dv=8, dtype=torch.float64):
+    q = torch.randn(b, sq, h, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hkv, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hkv, dv, dtype=dtype, requires_grad=True)
+    sinks = torch.randn(h, dtype=dtype, requires_grad=True)
+    return q, k, v, sinks
+
+
+@pytest.mark.parametrize("use_sinks", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-sq{}-sk{}-h{}-hkv{}".format(*s))
+def test_flash_attn_func_degenerate(shape, causal, use_sinks):
+    b, sq, sk, h, hkv = shape
+    q, k, v, sinks = _inputs(*shape)
+    s = sinks if use_sinks else None
+    out, lse = flashtile.flash_attn_func(q, k, v, causal=causal, sinks=s, return_lse=True)
+    assert out.shape == (b, sq, h, 8) and lse.shape == (b, h, sq)
+    if sk == 0:
+        assert torch.equal(out, torch.zeros_like(out))
+        want = sinks.detach()[None, :, None].expand_as(lse) if use_sinks else torch.full_like(lse, float("-inf"))
+        assert torch.equal(lse, want.to(lse.dtype))
+    loss = (out * torch.randn_like(out)).sum() + lse.where(lse.isfinite(), 0).sum()
+    grads = torch.autograd.grad(loss, (q, k, v, s) if use_sinks else (q, k, v), allow_unused=False)
+    for g, x in zip(grads, (q, k, v, s)):
+        assert g.shape == x.shape and bool(g.isfinite().all())
+    if sk == 0 and use_sinks:
+        # lse = sink for every row: d loss / d sink_h = number of rows of head h.
+        assert torch.allclose(grads[3], torch.full_like(sinks, b * sq))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-sq{}-sk{}-h{}-hkv{}".format(*s))
+def test_double_backward_degenerate(shape):
+    q, k, v, sinks = _inputs(*shape)
+    out, lse = flashtile.flash_attn_func(q, k, v, sinks=sinks, return_lse=True)
+    loss = out.sum() + lse.where(lse.isfinite(), 0).sum()
+    grads = torch.autograd.grad(loss, (q, k, v, sinks), create_graph=True)
+    second = torch.autograd.grad(sum(g.square().sum() for g in grads), (q, k, v, sinks), allow_unused=True)
+    for g, x in zip(second, (q, k, v, sinks)):
+        assert g is None or g.shape == x.shape
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 6, 2, 2), (2, 4, 0, 2, 2), (2, 0, 6, 2, 2), (1, 4, 6, 2, 2)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_degenerate(shape, is_causal):
+    b, sq, sk, h, hkv = shape
+    q, k, v, _ = _inputs(*shape)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    out = flashtile.scaled_dot_product_attention(qt, kt, vt, is_causal=is_causal)
+    assert out.shape == (b, h, sq, 8)
+    if sk == 0:
+        assert torch.equal(out, torch.zeros_like(out))
+    gq, gk, gv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert gq.shape == q.shape and gk.shape == k.shape and gv.shape == v.shape
+
+
+def test_zero_kv_heads_is_a_named_error():
+    q, k, v, _ = _inputs(2, 4, 4, 0, 1)
+    with pytest.raises(ValueError, match="nheads_kv"):
+        flashtile.flash_attn_func(q, k[:, :, :0], v[:, :, :0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_empty_batch(dtype):
+    q, k, v, _ = _inputs(0, 8, 8, 4, 4, dtype=dtype)
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (0, 8, 4, 8) and out.dtype == dtype
+    out.sum().backward()
+    assert q.grad.shape == q.shape
