@@ -5,3 +5,9 @@ from .sdpa import scaled_dot_product_attention
 
 __version__ = "0.1.0"
 __all__ = ["flash_attn_func", "scaled_dot_product_attention", "__version__"]
+
+# attn_implementation="tile_attention" in transformers, now or once transformers' model code
+# loads; never imports transformers itself (flashtile/integrations/autoregister.py).
+from .integrations import autoregister as _autoregister
+
+_autoregister.install()

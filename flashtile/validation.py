@@ -126,14 +126,21 @@ def check_sinks(fn: str, sinks, nheads: int, device, name: str = "sinks") -> Non
 
 
 def reject_unsupported(fn: str, dropout_p=0.0, alibi_slopes=None) -> None:
-    """flash-attn options flashtile does not implement: refused, never ignored."""
-    if not is_real(dropout_p):
-        fail(fn, TypeError, "dropout_p", "a float (flashtile supports only 0.0)", describe(dropout_p))
-    if dropout_p != 0:
-        raise NotImplementedError(
-            f"{fn}: dropout_p={dropout_p} is not supported: flashtile has no attention "
-            "dropout; pass dropout_p=0.0"
-        )
+    """flash-attn options flashtile does not implement: refused, never ignored.
+
+    ``dropout_p`` may be 0 or None.  A nonzero value may also be a softmax scale passed
+    fourth in flash-attn 3's order; the message says so.
+    """
+    if dropout_p is not None:
+        if not is_real(dropout_p):
+            fail(fn, TypeError, "dropout_p", "0.0 or None (flashtile has no attention dropout)", describe(dropout_p))
+        if dropout_p != 0:
+            raise NotImplementedError(
+                f"{fn}: dropout_p={dropout_p} is not supported: flashtile has no attention dropout, "
+                "pass dropout_p=0.0. The 4th positional argument is dropout_p, as in flash-attn 2; "
+                "if this value is a softmax scale (flash-attn 3 puts softmax_scale 4th), pass it "
+                "by keyword: softmax_scale=..."
+            )
     if alibi_slopes is not None:
         raise NotImplementedError(
             f"{fn}: alibi_slopes is not supported (got {describe(alibi_slopes)}); pass alibi_slopes=None"

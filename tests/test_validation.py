@@ -81,7 +81,7 @@ CASES = [
     # softmax_scale
     ("scale-str", dict(softmax_scale="0.5"), TypeError, r"softmax_scale"),
     ("scale-tensor", dict(softmax_scale=torch.tensor([0.5, 0.5])), TypeError, r"softmax_scale"),
-    ("scale-nan", dict(softmax_scale=float("nan")), TypeError, r"softmax_scale"),
+    ("scale-nan", dict(softmax_scale=float("nan")), ValueError, r"softmax_scale"),
 ]
 
 

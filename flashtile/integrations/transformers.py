@@ -1,9 +1,11 @@
 """Hugging Face ``transformers`` backend: ``attn_implementation="tile_attention"``.
 
-    import flashtile.integrations.transformers as ft_hf
-    name = ft_hf.register()                      # "tile_attention"
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name)
+    import flashtile
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="tile_attention")
 
+``import flashtile`` calls ``register()`` itself, at once if transformers' model code is
+loaded and otherwise when it loads (``flashtile/integrations/autoregister.py``; off with
+``FLASHTILE_HF_AUTOREGISTER=0``).  Call ``register()`` directly for another name.
 ``register()`` adds two functions to transformers' global registries:
 
 - ``attention_forward`` to ``AttentionInterface``: the attention itself, through
