@@ -177,3 +177,98 @@ def attention_backward(
 
 def default_scale(headdim: int) -> float:
     return 1.0 / math.sqrt(headdim)
+
+
+# --- variable-length (packed) sequences ---------------------------------------------------------
+
+
+def sequence_ranges(cu_seqlens_q, cu_seqlens_k, seqused_q=None, seqused_k=None) -> list[tuple[int, int, int, int]]:
+    """``[(q_start, len_q, k_start, len_k), ...]`` per sequence of a packed batch (Python ints).
+
+    ``len = seqused[b]`` when given (the first tokens of the segment), else the segment length
+    ``cu_seqlens[b + 1] - cu_seqlens[b]``.  Reads the tensors' contents (a sync on CUDA).
+    """
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    uq = None if seqused_q is None else seqused_q.tolist()
+    uk = None if seqused_k is None else seqused_k.tolist()
+    ranges = []
+    for b in range(len(cq) - 1):
+        len_q = cq[b + 1] - cq[b] if uq is None else uq[b]
+        len_k = ck[b + 1] - ck[b] if uk is None else uk[b]
+        ranges.append((cq[b], len_q, ck[b], len_k))
+    return ranges
+
+
+def varlen_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    softmax_scale: float,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference forward over packed sequences: ``attention_forward`` on each sequence's slice.
+
+    q: (total_q, nheads, d); k: (total_k, nheads_kv, d); v: (total_k, nheads_kv, d_v).
+    Returns out (total_q, nheads, d_v) and lse (nheads, total_q) in ``accum_dtype``; query rows
+    outside every used range (``seqused_q``) get out 0 and lse -inf.
+    """
+    total_q, h, _ = q.shape
+    out = q.new_zeros(total_q, h, v.shape[-1])
+    lse = torch.full((h, total_q), float("-inf"), dtype=accum_dtype(q.dtype), device=q.device)
+    for qs, lq, ks, lk in sequence_ranges(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+        if lq == 0:
+            continue
+        o, l = attention_forward(
+            q[None, qs : qs + lq], k[None, ks : ks + lk], v[None, ks : ks + lk], softmax_scale, window, sinks, softcap, chunk
+        )
+        out[qs : qs + lq] = o[0]
+        lse[:, qs : qs + lq] = l[0]
+    return out, lse
+
+
+def varlen_attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    softmax_scale: float,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    dlse: torch.Tensor | None = None,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Reference backward over packed sequences: ``attention_backward`` on each slice.
+
+    ``dlse`` is (nheads, total_q) or None.  Rows and keys outside every used range get zero
+    gradients.  Returns dq, dk, dv in the inputs' dtypes and dsinks (nheads,) or None.
+    """
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    acc = accum_dtype(q.dtype)
+    sinks_acc = None if sinks is None else sinks.to(acc)  # per-sequence dsinks summed in acc
+    dsinks = None if sinks is None else torch.zeros(sinks.shape, dtype=acc, device=q.device)
+    for qs, lq, ks, lk in sequence_ranges(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+        if lq == 0:
+            continue
+        rows, keys = slice(qs, qs + lq), slice(ks, ks + lk)
+        g = attention_backward(
+            dout[None, rows], q[None, rows], k[None, keys], v[None, keys], out[None, rows], lse[None, :, rows],
+            softmax_scale, window, sinks_acc, softcap, None if dlse is None else dlse[None, :, rows], chunk,
+        )
+        dq[rows], dk[keys], dv[keys] = g[0][0], g[1][0], g[2][0]
+        if dsinks is not None:
+            dsinks += g[3]
+    return dq, dk, dv, None if dsinks is None else dsinks.to(sinks.dtype)

@@ -1,0 +1,387 @@
+"""Variable-length (packed) attention: ``flash_attn_varlen_func``.
+
+One module for the op family, top to bottom: the public function, its validation, the
+``flashtile::varlen_fwd`` / ``flashtile::varlen_bwd`` custom ops with their fake impls, and the
+autograd registration (plus an eager fast path, as in ``ops.py``).
+
+Packed layout: the sequences of a batch are concatenated along the token axis, and
+``cu_seqlens`` (int32, batch + 1 entries, starting at 0) holds where each one starts::
+
+    q (total_q = 9 rows)    | s0: 3 rows | s1: 0 | s2: 6 rows      |   cu_seqlens_q = [0, 3, 3, 9]
+    k (total_k = 11 rows)   | s0: 5 rows      | s1: 2 | s2: 4 rows |   cu_seqlens_k = [0, 5, 7, 11]
+
+Each sequence is attended to on its own, with flash_attn_func's rule applied per sequence:
+``off = len_k - len_q`` and row i (0-based in its sequence) sees key j when
+``i + off - left <= j <= i + off + right`` (causal: right = 0, so bottom-right aligned per
+sequence).  s0 above, causal::
+
+        k0 k1 k2 k3 k4
+    q0  x  x  x  .  .
+    q1  x  x  x  x  .
+    q2  x  x  x  x  x
+
+``seqused_q`` / ``seqused_k`` (int32, (batch,)) shorten each sequence to its first tokens
+(``len = seqused[b]``) without moving the others; query rows past ``seqused_q[b]`` output 0 with
+lse -inf and get zero gradient, keys past ``seqused_k[b]`` get zero gradient.
+
+The custom ops' non-data arguments are listed once, in ``_OPTIONS``; ``Options`` packs them
+and the schema strings are generated from the same list.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import namedtuple
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import ops, reference
+from . import validation as V
+from .interface import MAX_HEADDIM, SUPPORTED_DTYPES, normalize_window
+
+FN = "flash_attn_varlen_func"
+CHECK_SEQLENS_ENV = "FLASHTILE_CHECK_SEQLENS"
+_LAYOUTS = {"q": "(total_q, nheads, headdim)", "k": "(total_k, nheads_kv, headdim)", "v": "(total_k, nheads_kv, headdim_v)"}
+
+
+# --- public function ----------------------------------------------------------------------------
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    sinks: Optional[Tensor] = None,
+    return_lse: bool = False,
+    seqused_q: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
+):
+    """Exact attention over packed sequences, drop-in for ``flash_attn.flash_attn_varlen_func``
+    (flash-attn 2's positional order).
+
+    Args:
+        q: (total_q, nheads, headdim), the batch's query tokens back to back.
+        k: (total_k, nheads_kv, headdim); query head h reads kv head ``h // (nheads // nheads_kv)``.
+        v: (total_k, nheads_kv, headdim_v).
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device: 0, then running sums of
+            the sequence lengths (nondecreasing, last entry = total tokens).
+        max_seqlen_q, max_seqlen_k: Python ints >= every sequence's (used) length.
+        dropout_p: must be 0.0; alibi_slopes: must be None (both NotImplementedError).
+        softmax_scale, causal, window_size, softcap, deterministic, sinks: as in
+            ``flash_attn_func``, applied per sequence (causal is bottom-right aligned per
+            sequence).
+        return_attn_probs: return ``(out, lse, None)`` (flash-attn's third value, the dropout
+            mask, is always None here).
+        return_lse: return ``(out, lse)``.
+        seqused_q, seqused_k: None or int32 (batch,): use only the first ``seqused[b]`` tokens
+            of sequence b.
+
+    Returns:
+        out (total_q, nheads, headdim_v) in q's dtype; lse (nheads, total_q) float32 (float64
+        for float64 input), natural log, sink included, -inf for rows that see no key (and
+        have no sink) and for rows outside every used range.
+
+    Checks that read the contents of ``cu_seqlens_*`` / ``seqused_*`` (start at 0,
+    nondecreasing, totals, ``max_seqlen``) run on CPU tensors always, and on CUDA only with
+    the environment variable ``FLASHTILE_CHECK_SEQLENS=1`` (they cost a device sync).
+    """
+    V.reject_unsupported(FN, dropout_p, alibi_slopes)
+    for name, flag in (("causal", causal), ("deterministic", deterministic),
+                       ("return_attn_probs", return_attn_probs), ("return_lse", return_lse)):
+        V.check_flag(FN, name, flag)
+    validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
+             softcap, sinks, seqused_q, seqused_k)
+    if q.device.type == "cpu" or os.environ.get(CHECK_SEQLENS_ENV) == "1":
+        check_seqlens(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    left, right = normalize_window(causal, window_size)
+    opts = Options(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks,
+                   float(softmax_scale), left, right, float(softcap), bool(deterministic))
+    out, lse = varlen_attention(q, k, v, opts)
+    if return_attn_probs:
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def _fail(kind, arg, expected, given):
+    V.fail(FN, kind, arg, expected, given)
+
+
+def _check_index_tensor(name: str, x, length_name: str, length, device) -> None:
+    """An int32 1-D tensor of ``length`` entries on ``device`` (``length`` None: any >= 1)."""
+    if not isinstance(x, torch.Tensor):
+        _fail(TypeError, name, "an int32 torch.Tensor", V.describe(x))
+    if x.dtype != torch.int32:
+        _fail(TypeError, f"{name}.dtype", "torch.int32", x.dtype)
+    if x.dim() != 1:
+        _fail(ValueError, name, f"a 1-D tensor {length_name}", f"shape {tuple(x.shape)}")
+    if length is None and x.shape[0] < 1:
+        _fail(ValueError, name, f"a 1-D tensor {length_name} with at least 1 entry", f"shape {tuple(x.shape)}")
+    if length is not None and x.shape[0] != length:
+        _fail(ValueError, name, f"shape {length_name} = ({length},)", f"shape {tuple(x.shape)}")
+    if x.device != device:
+        _fail(ValueError, f"{name}.device", f"q's device {device}", x.device)
+
+
+def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
+             softcap, sinks, seqused_q, seqused_k) -> None:
+    """Shape / dtype / device checks (no data reads), naming argument, expectation and value."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        V.check_tensor(FN, name, x, 3, _LAYOUTS[name], SUPPORTED_DTYPES)
+    if not (q.dtype == k.dtype == v.dtype):
+        _fail(TypeError, "q, k, v dtypes", "equal", f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if len({q.device, k.device, v.device}) != 1:
+        _fail(ValueError, "q, k, v devices", "the same", f"{q.device}, {k.device}, {v.device}")
+    _, h, d = q.shape
+    if v.shape[0] != k.shape[0]:
+        _fail(ValueError, "v.shape[0] (total_k)", f"k's total_k {k.shape[0]}", v.shape[0])
+    hkv = k.shape[1]
+    if v.shape[1] != hkv:
+        _fail(ValueError, "v.shape[1] (nheads_kv)", f"k's nheads_kv {hkv}", v.shape[1])
+    if hkv == 0:
+        _fail(ValueError, "nheads_kv (k.shape[1])", "at least 1", 0)
+    if h % hkv != 0:
+        _fail(ValueError, "nheads (q.shape[1])", f"a multiple of nheads_kv={hkv}", h)
+    if k.shape[2] != d:
+        _fail(ValueError, "k.shape[2] (headdim)", f"q's headdim {d}", k.shape[2])
+    for name, dim in (("headdim", d), ("headdim_v", v.shape[2])):
+        if not 1 <= dim <= MAX_HEADDIM:
+            _fail(ValueError, name, f"between 1 and {MAX_HEADDIM}", dim)
+    _check_index_tensor("cu_seqlens_q", cu_seqlens_q, "(batch + 1,)", None, q.device)
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_index_tensor("cu_seqlens_k", cu_seqlens_k, "(batch + 1,) like cu_seqlens_q", batch + 1, q.device)
+    for name, x in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if x is not None:
+            _check_index_tensor(name, x, "(batch,)", batch, q.device)
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not V.is_int(m) or isinstance(m, torch.Tensor):
+            _fail(TypeError, name, "a Python int", V.describe(m))
+        if m < 0:
+            _fail(ValueError, name, "an int >= 0", m)
+    V.check_scale(FN, "softmax_scale", softmax_scale)
+    V.check_window(FN, window_size)
+    V.check_softcap(FN, softcap)
+    V.check_sinks(FN, sinks, h, q.device)
+
+
+def _require(cond: Tensor, arg: str, expected: str, given) -> None:
+    """A check on tensor contents: a Python check in eager mode, ``torch._assert_async`` when
+    traced (no graph break; still fails at run time)."""
+    message = f"{FN}: {arg} must be {expected}"
+    if torch.compiler.is_compiling():
+        torch._assert_async(cond, message)
+    elif not bool(cond):
+        raise ValueError(f"{message}, got {given() if callable(given) else given}")
+
+
+def check_seqlens(total_q, total_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k) -> None:
+    """Checks on the contents of cu_seqlens / seqused (they read the data: a sync on CUDA)."""
+    for side, cu, total, used, max_len in (
+        ("q", cu_seqlens_q, total_q, seqused_q, max_seqlen_q),
+        ("k", cu_seqlens_k, total_k, seqused_k, max_seqlen_k),
+    ):
+        name = f"cu_seqlens_{side}"
+        _require(cu[0] == 0, f"{name}[0]", "0", lambda: int(cu[0]))
+        seg = cu[1:] - cu[:-1]
+        _require((seg >= 0).all(), name, "nondecreasing", lambda: cu.tolist())
+        _require(cu[-1] == total, f"{name}[-1]", f"the number of tokens, {side}.shape[0] = {total}", lambda: int(cu[-1]))
+        lengths = seg
+        if used is not None:
+            uname = f"seqused_{side}"
+            _require(((used >= 0) & (used <= seg)).all(), uname, f"between 0 and each segment's length in {name}",
+                     lambda: f"{used.tolist()} for segments {seg.tolist()}")
+            lengths = used
+        if lengths.numel():
+            _require(lengths.max() <= max_len, f"max_seqlen_{side}", f">= every sequence length (max {'seqused_' + side if used is not None else 'of ' + name} is larger)",
+                     lambda: max_len)
+
+
+# --- custom ops ---------------------------------------------------------------------------------
+
+# The ops' non-data arguments, in schema order: the one place they are listed.
+_OPTIONS = (
+    ("cu_seqlens_q", "Tensor"),
+    ("cu_seqlens_k", "Tensor"),
+    ("seqused_q", "Tensor?"),
+    ("seqused_k", "Tensor?"),
+    ("max_seqlen_q", "SymInt"),
+    ("max_seqlen_k", "SymInt"),
+    ("sinks", "Tensor?"),
+    ("softmax_scale", "float"),
+    ("window_left", "int"),
+    ("window_right", "int"),
+    ("softcap", "float"),
+    ("deterministic", "bool"),
+)
+Options = namedtuple("Options", [name for name, _ in _OPTIONS])
+_TENSOR_OPTIONS = tuple(name for name, kind in _OPTIONS if kind.startswith("Tensor"))
+_N_OPTIONS = len(_OPTIONS)
+
+
+def _schema(data: str, returns: str) -> str:
+    return f"({data}, {', '.join(f'{kind} {name}' for name, kind in _OPTIONS)}) -> {returns}"
+
+
+torch.library.define("flashtile::varlen_fwd", _schema("Tensor q, Tensor k, Tensor v", "(Tensor, Tensor)"))
+torch.library.define(
+    "flashtile::varlen_bwd",
+    _schema("Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse", "(Tensor, Tensor, Tensor, Tensor)"),
+)
+
+
+def _kernel(name: str):
+    fn = getattr(ops._kernels(), name, None)  # imported lazily: CPU users never import TileLang
+    if fn is None:
+        raise NotImplementedError(f"flashtile: no CUDA kernel for variable-length attention yet (flashtile.kernels.{name})")
+    return fn
+
+
+def _window(o: Options) -> tuple[int, int]:
+    return (o.window_left, o.window_right)
+
+
+def _fwd_impl(q, k, v, o: Options):
+    if q.device.type == "cuda":
+        out, lse = _kernel("varlen_forward")(
+            q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k, o.max_seqlen_q, o.max_seqlen_k,
+            o.sinks, o.softmax_scale, _window(o), o.softcap,
+        )
+    elif q.device.type == "cpu":
+        with torch.no_grad():
+            out, lse = reference.varlen_attention_forward(
+                q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.softmax_scale, _window(o), o.sinks, o.softcap,
+                o.seqused_q, o.seqused_k,
+            )
+    else:
+        raise ops._no_device(q.device)
+    return out.contiguous(), lse.contiguous()
+
+
+def _bwd_impl(dout, dlse, q, k, v, out, lse, o: Options):
+    if q.device.type == "cuda":
+        dq, dk, dv, dsinks = _kernel("varlen_backward")(
+            dout, dlse, q, k, v, out, lse, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k,
+            o.max_seqlen_q, o.max_seqlen_k, o.sinks, o.softmax_scale, _window(o), o.softcap, o.deterministic,
+        )
+    elif q.device.type == "cpu":
+        with torch.no_grad():
+            dq, dk, dv, dsinks = reference.varlen_attention_backward(
+                dout, q, k, v, out, lse, o.cu_seqlens_q, o.cu_seqlens_k, o.softmax_scale, _window(o), o.sinks,
+                o.softcap, dlse, o.seqused_q, o.seqused_k,
+            )
+    else:
+        raise ops._no_device(q.device)
+    dsinks = q.new_empty(0) if dsinks is None else dsinks.contiguous()
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsinks
+
+
+@torch.library.impl("flashtile::varlen_fwd", "default")
+def _varlen_fwd(q, k, v, *options):
+    return _fwd_impl(q, k, v, Options(*options))
+
+
+@torch.library.impl("flashtile::varlen_bwd", "default")
+def _varlen_bwd(dout, dlse, q, k, v, out, lse, *options):
+    return _bwd_impl(dout, dlse, q, k, v, out, lse, Options(*options))
+
+
+@torch.library.register_fake("flashtile::varlen_fwd")
+def _(q, k, v, *options):
+    total_q, h, _ = q.shape
+    return q.new_empty(total_q, h, v.shape[-1]), q.new_empty(h, total_q, dtype=ops._lse_dtype(q))
+
+
+@torch.library.register_fake("flashtile::varlen_bwd")
+def _(dout, dlse, q, k, v, out, lse, *options):
+    sinks = Options(*options).sinks
+    dsinks = q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+varlen_fwd = torch.ops.flashtile.varlen_fwd.default
+varlen_bwd = torch.ops.flashtile.varlen_bwd.default
+
+
+# --- autograd -----------------------------------------------------------------------------------
+
+
+def _save(ctx, q, k, v, out, lse, o: Options) -> None:
+    ctx.save_for_backward(q, k, v, out, lse, *(getattr(o, name) for name in _TENSOR_OPTIONS))
+    ctx.options = o._replace(**dict.fromkeys(_TENSOR_OPTIONS))  # scalars only; tensors are saved
+    ctx.set_materialize_grads(False)
+
+
+def _saved(ctx):
+    q, k, v, out, lse, *tensors = ctx.saved_tensors
+    return q, k, v, out, lse, ctx.options._replace(**dict(zip(_TENSOR_OPTIONS, tensors)))
+
+
+def _grads(ctx, dout, dlse):
+    """(dq, dk, dv, Options of gradients: dsinks in ``sinks``, None elsewhere)."""
+    q, k, v, out, lse, o = _saved(ctx)
+    if dout is None:  # only lse was used downstream
+        dout = torch.zeros_like(out)
+    if not torch.is_grad_enabled() and q.device.type in ops._FAST_DEVICES and ops._plain_eager(dout, dlse, q, k, v, out, lse, o.sinks):
+        dq, dk, dv, dsinks = _bwd_impl(dout, dlse, q, k, v, out, lse, o)
+    else:  # traced, or create_graph=True (varlen_bwd has no autograd: double backward raises)
+        dq, dk, dv, dsinks = varlen_bwd(dout, dlse, q, k, v, out, lse, *o)
+    no_grads = Options(*([None] * _N_OPTIONS))
+    return dq, dk, dv, no_grads._replace(sinks=dsinks if o.sinks is not None else None)
+
+
+def _setup_fwd(ctx, inputs, output):
+    q, k, v, *options = inputs
+    _save(ctx, q, k, v, *output, Options(*options))
+
+
+def _backward_fwd(ctx, dout, dlse):
+    dq, dk, dv, option_grads = _grads(ctx, dout, dlse)
+    return (dq, dk, dv, *option_grads)
+
+
+torch.library.register_autograd("flashtile::varlen_fwd", _backward_fwd, setup_context=_setup_fwd)
+
+
+class _EagerVarlen(torch.autograd.Function):
+    """Eager fast path: the same implementations and backward as ``flashtile::varlen_fwd``,
+    without the custom-op dispatcher's per-call Python overhead.  ``sinks`` is passed on its
+    own so that autograd sees it as an input."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, o):
+        o = o._replace(sinks=sinks)
+        out, lse = _fwd_impl(q, k, v, o)
+        _save(ctx, q, k, v, out, lse, o)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        dq, dk, dv, option_grads = _grads(ctx, dout, dlse)
+        return dq, dk, dv, option_grads.sinks, None
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, o: Options):
+    """Differentiable (out, lse): the custom op when traced, ``_EagerVarlen`` in plain eager."""
+    if q.device.type in ops._FAST_DEVICES and ops._plain_eager(q, k, v, *(getattr(o, n) for n in _TENSOR_OPTIONS)):
+        return _EagerVarlen.apply(q, k, v, o.sinks, o)
+    return varlen_fwd(q, k, v, *o)
