@@ -107,7 +107,7 @@ def flash_attn_varlen_func(
         V.check_flag(FN, name, flag)
     validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
              softcap, sinks, seqused_q, seqused_k)
-    if q.device.type == "cpu" or os.environ.get(CHECK_SEQLENS_ENV) == "1":
+    if content_checks_enabled(q.device):
         check_seqlens(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
@@ -182,6 +182,12 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
     V.check_window(FN, window_size)
     V.check_softcap(FN, softcap)
     V.check_sinks(FN, sinks, h, q.device)
+
+
+def content_checks_enabled(device: torch.device) -> bool:
+    """Checks that read cu_seqlens / seqused: always on CPU; on other devices (a sync each)
+    only with ``FLASHTILE_CHECK_SEQLENS=1``."""
+    return device.type == "cpu" or os.environ.get(CHECK_SEQLENS_ENV) == "1"
 
 
 def _require(cond: Tensor, arg: str, expected: str, given) -> None:
