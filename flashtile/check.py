@@ -363,10 +363,58 @@ def _fmt(err: float, bound: float) -> str:
     return f(err) if err <= bound else f"[bold red]{f(err)}!"
 
 
+SHORT_DTYPE = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def results_table(results: list[Result], what: str, console):
+    """The results as a rich Table in the widest layout that fits ``console.width``: every
+    tensor's error with the case's shape, then without the shape, then only the worst ratio
+    (with the tensor it comes from).  No cell is ever squeezed: columns never wrap."""
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    def build(layout: str) -> Table:
+        title = f"flashtile check: {what}"
+        if layout != "compact":
+            title += "; cells: max abs error (! = over its bound)"
+        title += "; worst: largest error / allowed"
+        table = Table(title=title, pad_edge=False)
+        table.add_column("case", no_wrap=True)
+        if layout == "full":
+            table.add_column("shape / options", style="dim", no_wrap=True)
+        table.add_column("dtype", no_wrap=True)
+        if layout != "compact":
+            for name in TENSORS:
+                table.add_column(name, justify="right", no_wrap=True)
+        table.add_column("worst", justify="right", no_wrap=True)
+        table.add_column("result", no_wrap=True)
+        for r in results:
+            style = {"pass": "[green]pass", "FAIL": "[bold red]FAIL", "unsupported": "[yellow]unsupported"}[r.status]
+            ratios = {n: (e / b if b > 0 else math.inf) for n, (e, b) in r.errors.items()}
+            worst_name = max(ratios, key=ratios.get) if ratios else None
+            worst = f"{ratios[worst_name]:.2f}" if ratios else "-"
+            row = [r.case.name]
+            if layout == "full":
+                row.append(r.case.describe())
+            row.append(SHORT_DTYPE.get(r.dtype, str(r.dtype).removeprefix("torch.")))
+            if layout == "compact":
+                row.append(f"{worst} {worst_name}" if worst_name else worst)
+            else:
+                row += [_fmt(*r.errors[n]) if n in r.errors else "-" for n in TENSORS]
+                row.append(worst)
+            table.add_row(*row, style)
+        return table
+
+    for layout in ("full", "medium"):
+        table = build(layout)
+        if Measurement.get(console, console.options.update(max_width=10_000), table).maximum <= console.width:
+            return table
+    return build("compact")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     console = Console() if sys.stdout.isatty() else Console(width=200)
     mode = getattr(args, "mode", "auto")
@@ -382,6 +430,14 @@ def run(args: argparse.Namespace) -> int:
             return check_kernel_case(case, dtype, seed, device=device)
 
     cases = [c for c in CASES if (c.quick or not args.quick) and (args.only is None or args.only in c.name)]
+    if not cases:
+        pool = [c.name for c in CASES if c.quick or not args.quick]
+        print(
+            f"flashtile check: error: -k {args.only!r} matches no case{' of --quick' if args.quick else ''}; "
+            f"cases: {', '.join(pool)}",
+            file=sys.stderr,
+        )
+        return 2
     jobs = [(c, dt) for c in cases for dt in dtypes]
     results: list[Result] = []
     t0 = time.perf_counter()
@@ -398,21 +454,7 @@ def run(args: argparse.Namespace) -> int:
                 results.append(Result(case, dtype, status="FAIL", note=f"{type(e).__name__}: {e}"))
             progress.advance(task)
 
-    table = Table(title=f"flashtile check: {what}; cells: max abs error (! = over its bound); worst: largest error / allowed")
-    table.add_column("case", no_wrap=True)
-    table.add_column("shape / options", style="dim", no_wrap=True)
-    table.add_column("dtype")
-    for name in TENSORS:
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("worst", justify="right", no_wrap=True)
-    table.add_column("result", no_wrap=True)
-    for r in results:
-        cells = [_fmt(*r.errors[n]) if n in r.errors else "-" for n in TENSORS]
-        style = {"pass": "[green]pass", "FAIL": "[bold red]FAIL", "unsupported": "[yellow]unsupported"}[r.status]
-        ratios = [e / b if b > 0 else math.inf for e, b in r.errors.values()]
-        worst = f"{max(ratios):.2f}" if ratios else "-"
-        table.add_row(r.case.name, r.case.describe(), str(r.dtype).removeprefix("torch."), *cells, worst, style)
-    console.print(table)
+    console.print(results_table(results, what, console))
     for r in results:
         if r.note:
             console.print(f"[dim]{r.case.name} {str(r.dtype).removeprefix('torch.')}:[/dim] {r.status}: {r.note}")
@@ -427,7 +469,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="flashtile check", description=__doc__)
+    from .cli import PlainFormatter
+
+    p = argparse.ArgumentParser(prog="flashtile check", description=__doc__.strip(), formatter_class=PlainFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))
 
