@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         doc = module.__doc__.strip()
         p = sub.add_parser(name, help=plain(doc.split("\n")[0]), description=doc, formatter_class=PlainFormatter)
         module.add_arguments(p)
+        p.formatter_class = PlainFormatter  # after add_arguments, which may set its own
         p.set_defaults(run=module.run)
     return parser
 
