@@ -1,0 +1,442 @@
+"""Ring attention (context parallelism): exact attention over a sequence sharded across ranks.
+
+Every rank holds a shard of q, k and v along the sequence (``zigzag.py`` says which rows).  The
+K/V shards travel around the ring (rank r sends to r + 1 and receives from r - 1) while each
+rank attends its queries to the K/V block it holds; the next block is already in flight
+(``torch.distributed`` P2P, on a side CUDA stream on GPUs) while the current one is computed.
+Partial outputs are merged exactly by their log-sum-exp.
+
+Per ring step the (query shard, key shard) pair is cut into *pieces*: rectangles of local rows
+and columns with one (left, right) window in the kernels' bottom-right-aligned convention that
+reproduces the global mask exactly (``plan``).  Keys and queries no mask lets through are not
+computed at all: with zigzag + causal a step is one call (step 0: local causal; key shard from
+an earlier rank: all queries vs the first half of the keys; from a later rank: the second half
+of the queries vs all keys), as in flash-attn's zigzag ring.
+
+Backward (flash-attn's ring backward): K/V go around the ring again; every per-step backward
+uses the global (merged) out and lse restricted to the step's rows, so its probabilities are the
+global ones; dK/dV accumulators (float32, float64 for float64 inputs) travel around the ring
+with the K/V they belong to and arrive at their owner after the last step.
+
+Sinks are never given to the per-step kernels: a sink takes softmax mass once per row, so it is
+folded in after the merge (``lse = logaddexp(lse, sink)``, ``out *= exp(lse_old - lse)``) and
+its gradient ``-sum exp(sink - lse) * Delta`` is all-reduced over the ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .. import ops as _ops  # registers torch.ops.flashtile.*
+from ..interface import normalize_window, validate
+from ..reference import accum_dtype
+from .zigzag import LAYOUTS, segments
+
+# --- which (rows, keys, window) to compute per ring step ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Local query rows [q0, q1) against local keys [k0, k1) with kernel window (left, right)."""
+
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    left: int
+    right: int
+
+
+def _pair_piece(qseg, kseg, left: int, right: int) -> Optional[Piece]:
+    """The part of one (query segment, key segment) pair the global window can see.
+
+    Segments are ``(local_start, global_start, length)``; the global mask is
+    ``i - left <= j <= i + right`` (query i, key j; -1 = unbounded side).  The rectangle is
+    trimmed to the rows and keys that see / are seen by something; then its bottom-right corner
+    is visible, so the equivalent kernel window (shifted by that corner's diagonal offset) has
+    both entries >= 0 and is exact.
+    """
+    ql, qs, nq = qseg
+    kl, ks, nk = kseg
+    qe, ke = qs + nq - 1, ks + nk - 1  # inclusive global bounds
+    qs2 = qs if right < 0 else max(qs, ks - right)
+    qe2 = qe if left < 0 else min(qe, ke + left)
+    ks2 = ks if left < 0 else max(ks, qs - left)
+    ke2 = ke if right < 0 else min(ke, qe + right)
+    if qs2 > qe2 or ks2 > ke2:
+        return None
+    lq, lk = qe2 - qs2 + 1, ke2 - ks2 + 1
+    d = qe2 - ke2  # the global diagonal offset of the trimmed rectangle's bottom-right corner
+    wl = -1 if left < 0 else left - d
+    wr = -1 if right < 0 else right + d
+    assert wl >= -1 and wr >= -1 and (left < 0 or wl >= 0) and (right < 0 or wr >= 0)
+    if (wr < 0 or wr >= lq - 1) and (wl < 0 or wl >= lk - 1):
+        wl = wr = -1  # nothing masked inside the rectangle
+    return Piece(ql + qs2 - qs, ql + qe2 - qs + 1, kl + ks2 - ks, kl + ke2 - ks + 1, wl, wr)
+
+
+def _merge_full(pieces: list[Piece]) -> list[Piece]:
+    """Fuse unmasked pieces that share their rows (adjacent keys) or keys (adjacent rows)."""
+    changed = True
+    while changed:
+        changed = False
+        for a in range(len(pieces)):
+            for b in range(len(pieces)):
+                pa, pb = pieces[a], pieces[b]
+                if a == b or (pa.left, pa.right, pb.left, pb.right) != (-1, -1, -1, -1):
+                    continue
+                fused = None
+                if (pa.q0, pa.q1) == (pb.q0, pb.q1) and pa.k1 == pb.k0:
+                    fused = Piece(pa.q0, pa.q1, pa.k0, pb.k1, -1, -1)
+                elif (pa.k0, pa.k1) == (pb.k0, pb.k1) and pa.q1 == pb.q0:
+                    fused = Piece(pa.q0, pb.q1, pa.k0, pa.k1, -1, -1)
+                if fused is not None:
+                    pieces = [p for i, p in enumerate(pieces) if i not in (a, b)] + [fused]
+                    changed = True
+                    break
+            if changed:
+                break
+    return sorted(pieces, key=lambda p: (p.q0, p.k0))
+
+
+def _true_rows(qsegs, ksegs, n: int, left: int, right: int):
+    """Per local row: the visible local keys as one interval [lo, hi] (empty: lo > hi), or None
+    if some row's visible keys are not one contiguous local interval."""
+    rows = torch.cat([torch.arange(g, g + m) for _, g, m in qsegs])
+    lo = torch.full((n,), n, dtype=torch.long)
+    hi = torch.full((n,), -1, dtype=torch.long)
+    for kl, ks, nk in ksegs:
+        a = torch.full_like(rows, ks) if left < 0 else torch.clamp(rows - left, min=ks)
+        b = torch.full_like(rows, ks + nk - 1) if right < 0 else torch.clamp(rows + right, max=ks + nk - 1)
+        ok = a <= b
+        a, b = a - ks + kl, b - ks + kl
+        both = ok & (lo <= hi)
+        if bool((both & (a != hi + 1) & (b + 1 != lo)).any()):
+            return None  # two visible key runs that are not adjacent locally
+        lo = torch.where(ok, torch.minimum(lo, a), lo)
+        hi = torch.where(ok, torch.maximum(hi, b), hi)
+    return lo, hi
+
+
+def _window_rows(n: int, wl: int, wr: int):
+    """Per row of an n x n kernel call with window (wl, wr): visible keys [lo, hi]."""
+    r = torch.arange(n)
+    lo = torch.zeros(n, dtype=torch.long) if wl < 0 else torch.clamp(r - wl, min=0)
+    hi = torch.full((n,), n - 1, dtype=torch.long) if wr < 0 else torch.clamp(r + wr, max=n - 1)
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(seqlen_local: int, world_size: int, rank: int, src: int, layout: str, left: int, right: int) -> tuple[Piece, ...]:
+    """Kernel calls that compute rank ``rank``'s queries against rank ``src``'s keys exactly.
+
+    ``left``/``right`` is the global window (causal: right = 0; -1 unbounded).  First tries one
+    call over the whole local rectangle (no mask, or the global window itself, which is exact
+    for the step where q and k are the same shard); this is checked row by row, so it is used
+    only where it is exactly the global mask.  Otherwise one piece per visible
+    (query segment, key segment) pair, unmasked neighbours fused.
+    """
+    n = seqlen_local
+    qsegs = segments(n, world_size, rank, layout)
+    ksegs = segments(n, world_size, src, layout)
+    if n == 0:
+        return ()
+    truth = _true_rows(qsegs, ksegs, n, left, right)
+    if truth is not None:
+        lo, hi = truth
+        empty = lo > hi
+        if bool(empty.all()):
+            return ()
+        for wl, wr in ((-1, -1), (left, right)):
+            clo, chi = _window_rows(n, wl, wr)
+            cempty = clo > chi
+            if bool((empty == cempty).all()) and bool(((lo == clo) & (hi == chi) | empty).all()):
+                return (Piece(0, n, 0, n, wl, wr),)
+    pieces = [p for qs in qsegs for ks in ksegs if (p := _pair_piece(qs, ks, left, right)) is not None]
+    return tuple(_merge_full(pieces))
+
+
+# --- the per-step primitives ------------------------------------------------------------------
+
+
+def _step_fwd(q, k, v, scale, left, right, softcap, deterministic):
+    """``torch.ops.flashtile.fwd`` without sinks.  Plain eager calls take the same implementation
+    without the custom-op dispatcher (as ``flashtile.ops.attention`` does): tens of microseconds
+    less per call, and no import of torch._dynamo on first use."""
+    if q.device.type in ("cpu", "cuda") and _ops._plain_eager(q, k, v):
+        return _ops._fwd_impl(q, k, v, None, scale, left, right, softcap)
+    return torch.ops.flashtile.fwd(q, k, v, None, scale, left, right, softcap, deterministic)
+
+
+def _step_bwd(dout, dlse, q, k, v, out, lse, scale, left, right, softcap, deterministic):
+    """``torch.ops.flashtile.bwd`` without sinks -> (dq, dk, dv); same fast path as above."""
+    with torch.no_grad():
+        dq, dk, dv, _ = _ops._bwd(dout, dlse, q, k, v, out, lse, None, scale, left, right, softcap, deterministic)
+    return dq, dk, dv
+
+
+# --- the ring ----------------------------------------------------------------------------------
+
+_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device, slot: int):
+    key = (device.index if device.index is not None else torch.cuda.current_device(), slot)
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(device=device)
+    return _STREAMS[key]
+
+
+class _Ring:
+    """Send tensors to the next rank and receive same-shaped ones from the previous rank.
+
+    CUDA: ``dist.batch_isend_irecv`` issued on a side stream (after it has waited for the
+    producer stream), so the transfer overlaps the compute queued on the current stream;
+    ``wait`` makes the current stream wait for it.  CPU: plain ``isend``/``irecv``.
+    """
+
+    def __init__(self, group, rank: int, world: int, slot: int):
+        self.group = group
+        self.world = world
+        self.next = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
+        self.prev = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
+        self.slot = slot
+        self._reqs = None
+        self._keep = None
+
+    def start(self, tensors: list[Tensor], tags: tuple[int, ...]) -> list[Tensor]:
+        tensors = [t.contiguous() for t in tensors]
+        recvs = [torch.empty_like(t) for t in tensors]
+        if tensors[0].device.type == "cuda":
+            ops = []
+            for t, r, tag in zip(tensors, recvs, tags):
+                ops.append(dist.P2POp(dist.isend, t, self.next, self.group, tag))
+                ops.append(dist.P2POp(dist.irecv, r, self.prev, self.group, tag))
+            stream = _side_stream(tensors[0].device, self.slot)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._reqs = dist.batch_isend_irecv(ops)
+            self._stream = stream
+        else:
+            reqs = []
+            for t, r, tag in zip(tensors, recvs, tags):
+                reqs.append(dist.isend(t, self.next, group=self.group, tag=tag))
+                reqs.append(dist.irecv(r, self.prev, group=self.group, tag=tag))
+            self._reqs = reqs
+            self._stream = None
+        self._keep = (tensors, recvs)
+        return recvs
+
+    def wait(self) -> None:
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                for r in self._reqs:
+                    r.wait()
+            torch.cuda.current_stream().wait_stream(self._stream)
+        else:
+            for r in self._reqs:
+                r.wait()
+        self._reqs = self._keep = None
+
+
+def _group_info(group):
+    if not dist.is_available() or not dist.is_initialized():
+        if group is not None:
+            raise RuntimeError("ring_flash_attn_func: a group was given but torch.distributed is not initialized")
+        return None, 0, 1
+    return group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def _merge_into(out_acc: Tensor, lse_acc: Tensor, out_p: Tensor, lse_p: Tensor) -> None:
+    """In place: (out_acc, lse_acc) <- exact softmax merge with a partial (out_p, lse_p).
+
+    Weights exp(lse_x - lse_new) lie in [0, 1]; rows where both are -inf stay 0 / -inf.
+    """
+    lse_p = lse_p.to(lse_acc.dtype)
+    new = torch.logaddexp(lse_acc, lse_p)
+    safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+    w_old = torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
+    w_new = torch.exp(lse_p - safe).transpose(1, 2).unsqueeze(-1)
+    out_acc.mul_(w_old).add_(out_p.to(out_acc.dtype) * w_new)
+    lse_acc.copy_(new)
+
+
+def _ring_forward(q, k, v, sinks, group, rank, world, scale, left, right, softcap, deterministic, layout):
+    b, n, h, _ = q.shape
+    acc = accum_dtype(q.dtype)
+    ring = _Ring(group, rank, world, 0) if world > 1 else None
+    out_acc = lse_acc = None
+    kk, vv = k, v
+    for step in range(world):
+        if step + 1 < world:
+            nxt = ring.start([kk, vv], (0, 1))
+        src = (rank - step) % world
+        for p in plan(n, world, rank, src, layout, left, right):
+            o, l = _step_fwd(
+                q[:, p.q0 : p.q1], kk[:, p.k0 : p.k1], vv[:, p.k0 : p.k1], scale, p.left, p.right, softcap, deterministic
+            )
+            if out_acc is None and (p.q0, p.q1) == (0, n):
+                out_acc, lse_acc = o.to(acc), l.to(acc)
+                continue
+            if out_acc is None:
+                out_acc = q.new_zeros(b, n, h, v.shape[-1], dtype=acc)
+                lse_acc = q.new_full((b, h, n), -math.inf, dtype=acc)
+            _merge_into(out_acc[:, p.q0 : p.q1], lse_acc[:, :, p.q0 : p.q1], o, l)
+        if step + 1 < world:
+            ring.wait()
+            kk, vv = nxt
+    if out_acc is None:  # only possible for an empty shard
+        out_acc = q.new_zeros(b, n, h, v.shape[-1], dtype=acc)
+        lse_acc = q.new_full((b, h, n), -math.inf, dtype=acc)
+    if sinks is not None:
+        sink = sinks.to(acc)[None, :, None]
+        lse_new = torch.logaddexp(lse_acc, sink)
+        safe = torch.where(torch.isfinite(lse_new), lse_new, torch.zeros_like(lse_new))
+        out_acc = out_acc * torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
+        lse_acc = lse_new
+    return out_acc.to(q.dtype), lse_acc
+
+
+def _ring_backward(dout, dlse, q, k, v, out, lse, sinks, group, rank, world, scale, left, right, softcap, deterministic, layout):
+    n = q.shape[1]
+    acc = accum_dtype(q.dtype)
+    kv_ring = _Ring(group, rank, world, 0) if world > 1 else None
+    d_ring = _Ring(group, rank, world, 1) if world > 1 else None
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    rows: dict = {}  # (q0, q1) -> the per-row tensors of those rows, sliced once
+
+    def row_slices(p):
+        key = (p.q0, p.q1)
+        if key not in rows:
+            rows[key] = (
+                dout[:, p.q0 : p.q1],
+                None if dlse is None else dlse[:, :, p.q0 : p.q1].contiguous(),
+                q[:, p.q0 : p.q1],
+                out[:, p.q0 : p.q1],
+                lse[:, :, p.q0 : p.q1].contiguous(),
+            )
+        return rows[key]
+
+    kk, vv = k, v
+    d_next = None
+    for step in range(world):
+        if step + 1 < world:
+            kv_next = kv_ring.start([kk, vv], (0, 1))
+        src = (rank - step) % world
+        dk_step = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv_step = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for p in plan(n, world, rank, src, layout, left, right):
+            do_p, dlse_p, q_p, out_p, lse_p = row_slices(p)
+            dq_p, dk_p, dv_p = _step_bwd(
+                do_p, dlse_p, q_p, kk[:, p.k0 : p.k1], vv[:, p.k0 : p.k1], out_p, lse_p,
+                scale, p.left, p.right, softcap, deterministic,
+            )
+            dq[:, p.q0 : p.q1] += dq_p
+            dk_step[:, p.k0 : p.k1] += dk_p
+            dv_step[:, p.k0 : p.k1] += dv_p
+        if world == 1:
+            d_next = (dk_step, dv_step)
+            break
+        if step > 0:
+            d_ring.wait()
+            dk_step += d_next[0]
+            dv_step += d_next[1]
+        # These accumulators belong to rank src's K/V; the next rank holds that K/V next step
+        # (and after the last step, the next rank is src itself).
+        d_next = d_ring.start([dk_step, dv_step], (2, 3))
+        if step + 1 < world:
+            kv_ring.wait()
+            kk, vv = kv_next
+    if world > 1:
+        d_ring.wait()
+    dk, dv = d_next
+    dsinks = None
+    if sinks is not None:
+        delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # (b, h, n)
+        if dlse is not None:
+            delta = delta - dlse.to(acc)
+        finite = torch.isfinite(lse)
+        sigma = torch.where(finite, torch.exp(sinks.to(acc)[None, :, None] - torch.where(finite, lse, torch.zeros_like(lse))), torch.zeros_like(lse))
+        dsinks = -(sigma * delta).sum(dim=(0, 2))
+        if world > 1:
+            dist.all_reduce(dsinks, group=group)
+        dsinks = dsinks.to(sinks.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, group, scale, left, right, softcap, deterministic, layout):
+        group, rank, world = _group_info(group)
+        out, lse = _ring_forward(q, k, v, sinks, group, rank, world, scale, left, right, softcap, deterministic, layout)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.args = (group, rank, world, scale, left, right, softcap, deterministic, layout)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        grads = _ring_backward(dout, dlse, q, k, v, out, lse, sinks, *ctx.args)
+        dq, dk, dv, dsinks = grads
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
+
+
+def ring_flash_attn_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group=None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    sinks: Optional[Tensor] = None,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    layout: str = "zigzag",
+):
+    """Exact attention over a sequence sharded across the ranks of ``group`` (ring attention).
+
+    Args:
+        q: (batch, seqlen_local, nheads, headdim): this rank's shard of the queries.
+        k: (batch, seqlen_local, nheads_kv, headdim); v: (batch, seqlen_local, nheads_kv,
+            headdim_v): this rank's shards of the keys and values (same rows as q).
+        group: the process group (default: the world); every rank of it must call this.
+        layout: ``"zigzag"`` (rank r holds global chunks r and 2W-1-r of 2W; balanced for
+            causal) or ``"contiguous"`` (rank r holds the r-th of W slices).  Use
+            ``flashtile.distributed.shard`` to cut a full tensor this way.
+        softmax_scale, causal, window_size, sinks, softcap, deterministic, return_lse: as in
+            ``flashtile.flash_attn_func``, applied to the *global* sequence (seqlen_q ==
+            seqlen_k, so causal is the plain lower triangle).
+
+    Returns:
+        out (batch, seqlen_local, nheads, headdim_v), or ``(out, lse)`` with lse this rank's
+        (batch, nheads, seqlen_local) float32 shard (sink included).  q, k, v get their
+        shard's gradients; sinks' gradient is the full one (all-reduced over the group), on
+        every rank.
+    """
+    validate(q, k, v, softmax_scale, window_size, sinks, softcap)
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"ring_flash_attn_func: k and v must hold the same sequence shard as q (seqlen_local {q.shape[1]}), got {k.shape[1]}"
+        )
+    if layout not in LAYOUTS:
+        raise ValueError(f"ring_flash_attn_func: layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "zigzag" and q.shape[1] % 2:
+        raise ValueError(f"ring_flash_attn_func: layout 'zigzag' needs an even seqlen_local, got {q.shape[1]}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    left, right = normalize_window(causal, window_size)
+    out, lse = _RingAttention.apply(
+        q, k, v, sinks, group, float(softmax_scale), left, right, float(softcap), bool(deterministic), layout
+    )
+    return (out, lse) if return_lse else out

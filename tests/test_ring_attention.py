@@ -1,0 +1,259 @@
+"""Ring attention (``flashtile.distributed``) on CPU with gloo, against single-process attention.
+
+Eight gloo processes are spawned once; world sizes 2 and 4 run on subgroups of them (each
+subgroup a share of the cases), 8 on all of them.  Each rank writes its errors to a file that
+the parametrised tests read.  The
+oracle is ``flashtile.flash_attn_func`` on the gathered (full) sequence, float64, and every
+output, lse and gradient (q, k, v, sinks) must match to 1e-10.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from flashtile.distributed import plan, positions, segments, shard, unshard
+from flashtile.reference import visible_mask
+
+TOL = 1e-10
+
+# name -> (batch, seqlen_total, nheads, nheads_kv, d, d_v, causal, window, sinks, softcap, layout, return_lse)
+CASES = {
+    "causal_zigzag": (1, 64, 2, 2, 16, 16, True, (-1, -1), False, 0.0, "zigzag", False),
+    "causal_zigzag_batch2_lse": (2, 64, 2, 2, 8, 8, True, (-1, -1), False, 0.0, "zigzag", True),
+    "causal_contiguous": (1, 64, 2, 2, 16, 16, True, (-1, -1), False, 0.0, "contiguous", False),
+    "full_zigzag": (1, 64, 2, 2, 16, 16, False, (-1, -1), False, 0.0, "zigzag", False),
+    "full_contiguous": (2, 64, 2, 2, 16, 16, False, (-1, -1), False, 0.0, "contiguous", True),
+    "gqa_causal_zigzag": (1, 64, 4, 2, 16, 16, True, (-1, -1), False, 0.0, "zigzag", False),
+    "mqa_full_contiguous": (1, 64, 4, 1, 16, 16, False, (-1, -1), False, 0.0, "contiguous", False),
+    "sinks_causal_zigzag_lse": (1, 64, 4, 2, 16, 16, True, (-1, -1), True, 0.0, "zigzag", True),
+    "sinks_full_contiguous": (1, 64, 2, 2, 16, 16, False, (-1, -1), True, 0.0, "contiguous", False),
+    "softcap_causal_zigzag": (1, 64, 2, 2, 16, 16, True, (-1, -1), False, 5.0, "zigzag", False),
+    "dv_ne_d_causal": (1, 64, 2, 1, 24, 8, True, (-1, -1), False, 0.0, "zigzag", True),
+    "uneven_headdims": (1, 64, 3, 1, 10, 6, True, (-1, -1), True, 2.0, "zigzag", False),
+    "window_causal_zigzag_skips": (1, 64, 2, 2, 8, 8, True, (5, -1), False, 0.0, "zigzag", False),
+    "window_causal_contiguous_skips": (1, 64, 2, 2, 8, 8, True, (5, -1), False, 0.0, "contiguous", False),
+    "window_sym_zigzag": (1, 64, 2, 1, 8, 8, False, (3, 2), True, 0.0, "zigzag", True),
+    "window_right_only_contiguous": (1, 64, 2, 2, 8, 8, False, (-1, 3), False, 0.0, "contiguous", False),
+    "window_left_only_zigzag": (1, 64, 2, 2, 8, 8, False, (9, -1), False, 0.0, "zigzag", False),
+    "window_wide_causal_zigzag": (1, 64, 2, 2, 8, 8, True, (40, -1), True, 1.5, "zigzag", True),
+    "window_zero_zigzag": (1, 64, 2, 2, 8, 8, False, (0, 0), False, 0.0, "zigzag", False),
+}
+CASES_8 = ["causal_zigzag", "sinks_causal_zigzag_lse", "window_causal_zigzag_skips", "full_contiguous"]
+WORLDS = {2: list(CASES), 4: list(CASES), 8: CASES_8}
+
+
+def _inputs(case: str):
+    b, s, h, hkv, d, dv, causal, window, use_sinks, softcap, layout, return_lse = CASES[case]
+    g = torch.Generator().manual_seed(sum(map(ord, case)))
+    q = torch.randn(b, s, h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, s, hkv, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, s, hkv, dv, generator=g, dtype=torch.float64)
+    dout = torch.randn(b, s, h, dv, generator=g, dtype=torch.float64)
+    dlse = torch.randn(b, h, s, generator=g, dtype=torch.float64)
+    sinks = torch.randn(h, generator=g, dtype=torch.float64) if use_sinks else None
+    kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
+    return q, k, v, dout, dlse, sinks, kw, layout, return_lse
+
+
+def _run_case(case: str, group, rank: int, world: int) -> list[str]:
+    import flashtile
+    from flashtile.distributed import ring_flash_attn_func, unshard_gather
+
+    q, k, v, dout, dlse, sinks, kw, layout, return_lse = _inputs(case)
+    # Oracle: single-process attention on the whole sequence.
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if sinks is not None else [])
+    out, lse = flashtile.flash_attn_func(*leaves[:3], sinks=leaves[3] if sinks is not None else None, **kw)
+    loss = (out * dout).sum() + ((lse * dlse).sum() if return_lse else 0)
+    ref_grads = torch.autograd.grad(loss, leaves)
+
+    def sh(x, dim=1):
+        return shard(x, world, rank, dim=dim, layout=layout)
+
+    mine = [sh(t).requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if sinks is not None else [])
+    kw_ring = dict(kw, return_lse=return_lse)
+    res = ring_flash_attn_func(*mine[:3], group=group, sinks=mine[3] if sinks is not None else None, layout=layout, **kw_ring)
+    out_r, lse_r = res if return_lse else (res, None)
+    loss_r = (out_r * sh(dout)).sum() + ((lse_r * sh(dlse, 2)).sum() if return_lse else 0)
+    grads = torch.autograd.grad(loss_r, mine)
+
+    errors = []
+
+    def check(name, got, want):
+        if got.shape != want.shape:
+            errors.append(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+            return
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        if not err <= TOL:
+            errors.append(f"{name}: max abs err {err:.3e} > {TOL}")
+
+    check("out", out_r, sh(out.detach()))
+    if return_lse:
+        check("lse", lse_r, sh(lse.detach(), 2))
+    for name, got, want in zip(("dq", "dk", "dv"), grads[:3], ref_grads[:3]):
+        check(name, got, sh(want))
+    if sinks is not None:
+        check("dsinks", grads[3], ref_grads[3])
+    check("unshard_gather(out)", unshard_gather(out_r.detach(), group=group, layout=layout), out.detach())
+    return errors
+
+
+NPROCS = 8
+
+
+def _worker(rank: int, port: int, outdir: str) -> None:
+    """One of 8 gloo ranks.  World size 2 runs on the pairs {0,1} {2,3} {4,5} {6,7}, world size
+    4 on {0..3} {4..7} (subgroups, so the ``group`` argument and non-zero global ranks are
+    exercised; each subgroup takes a share of the cases), world size 8 on the default group."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=NPROCS, init_method=f"tcp://127.0.0.1:{port}")
+    groups = {w: [dist.new_group(list(range(i, i + w))) for i in range(0, NPROCS, w)] for w in (2, 4)}
+    results = {}
+    try:
+        for world in sorted(WORLDS):
+            index = rank // world
+            group = groups[world][index] if world < NPROCS else None
+            local = dist.get_rank(group)
+            for case in WORLDS[world][index :: NPROCS // world]:
+                try:
+                    results[f"{world}/{case}"] = _run_case(case, group, local, world)
+                except Exception:  # noqa: BLE001 - reported to the parent
+                    results[f"{world}/{case}"] = [traceback.format_exc()]
+            dist.barrier()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ring_results(tmp_path_factory) -> dict:
+    outdir = str(tmp_path_factory.mktemp("ring"))
+    mp.spawn(_worker, args=(_free_port(), outdir), nprocs=NPROCS, join=True)
+    merged = {}
+    for r in range(NPROCS):
+        with open(os.path.join(outdir, f"rank{r}.json")) as f:
+            for key, errs in json.load(f).items():
+                merged.setdefault(key, []).extend(f"rank {r}: {e}" for e in errs)
+    return merged
+
+
+@pytest.mark.parametrize("world,case", [(w, c) for w, cs in WORLDS.items() for c in cs])
+def test_ring_matches_single_process(world, case, ring_results):
+    key = f"{world}/{case}"
+    assert key in ring_results, f"case {key} did not run"
+    assert not ring_results[key], "\n".join(ring_results[key])
+
+
+# --- in-process: sharding and the per-step plan ------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_shard_unshard_round_trip(world, layout):
+    x = torch.randn(2, 16 * world, 3, 5)
+    shards = [shard(x, world, r, layout=layout) for r in range(world)]
+    assert torch.equal(unshard(shards, layout=layout), x)
+    for r, s in enumerate(shards):
+        assert torch.equal(s, x[:, positions(x.shape[1] // world, world, r, layout)])
+    y = x.transpose(1, 2)  # another dim
+    assert torch.equal(unshard([shard(y, world, r, dim=2, layout=layout) for r in range(world)], dim=2, layout=layout), y)
+
+
+def test_zigzag_layout_is_the_documented_one():
+    x = torch.arange(16)[None]
+    assert shard(x, 4, 0)[0].tolist() == [0, 1, 14, 15]
+    assert shard(x, 4, 3)[0].tolist() == [6, 7, 8, 9]
+    with pytest.raises(ValueError, match="seqlen % 8"):
+        shard(torch.zeros(1, 12), 4, 0)
+    with pytest.raises(ValueError, match="layout"):
+        shard(x, 4, 0, layout="striped")
+
+
+def _planned_mask(n, world, rank, src, layout, left, right):
+    m = torch.zeros(n, n, dtype=torch.int)
+    for p in plan(n, world, rank, src, layout, left, right):
+        vis = visible_mask(torch.arange(p.q1 - p.q0), p.k1 - p.k0, p.q1 - p.q0, (p.left, p.right))
+        m[p.q0 : p.q1, p.k0 : p.k1] += 1 if vis is None else vis.int()
+    return m
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_plan_is_exactly_the_global_mask(layout):
+    """Every ring step, every window: the kernel calls cover each visible (row, key) once."""
+    windows = [(-1, -1), (-1, 0), (0, 0), (1, 0), (3, 0), (5, 0), (6, 0), (13, 0), (3, 2), (-1, 4), (7, -1), (0, 9), (30, 30)]
+    for world in (1, 2, 3, 4):
+        n = 12
+        s = n * world
+        full = visible_mask(torch.arange(s), s, s, (-1, -1))
+        for left, right in windows:
+            truth = visible_mask(torch.arange(s), s, s, (left, right))
+            truth = torch.ones(s, s, dtype=torch.bool) if truth is None else truth
+            for rank in range(world):
+                rows = positions(n, world, rank, layout)
+                for src in range(world):
+                    cols = positions(n, world, src, layout)
+                    want = truth[rows][:, cols].int()
+                    got = _planned_mask(n, world, rank, src, layout, left, right)
+                    assert torch.equal(got, want), (world, left, right, rank, src, plan(n, world, rank, src, layout, left, right))
+        assert full is None
+
+
+def test_zigzag_causal_is_one_call_per_step_with_only_visible_work():
+    """flash-attn's zigzag schedule: step 0 local causal; earlier kv: all q x first half of kv;
+    later kv: second half of q x all kv; nothing masked outside step 0."""
+    n, world = 16, 4
+    for rank in range(world):
+        for src in range(world):
+            (p,) = plan(n, world, rank, src, "zigzag", -1, 0)
+            if src == rank:
+                assert (p.q0, p.q1, p.k0, p.k1, p.left, p.right) == (0, n, 0, n, -1, 0)
+            elif src < rank:
+                assert (p.q0, p.q1, p.k0, p.k1, p.left, p.right) == (0, n, 0, n // 2, -1, -1)
+            else:
+                assert (p.q0, p.q1, p.k0, p.k1, p.left, p.right) == (n // 2, n, 0, n, -1, -1)
+
+
+def test_window_skips_invisible_steps():
+    # Sliding window of 5 with chunks of 8: rank 0's queries (chunks 0 and 7 of 8) see only
+    # keys of chunks 0, 6 and 7, i.e. only ranks 0 and 1 (which holds chunk 6).
+    assert plan(16, 4, 0, 2, "zigzag", 5, 0) == ()
+    assert plan(16, 4, 0, 3, "zigzag", 5, 0) == ()
+    assert plan(16, 4, 0, 1, "zigzag", 5, 0) != ()
+    assert segments(16, 4, 1, "zigzag") == ((0, 8, 8), (8, 48, 8))
+
+
+def test_single_process_without_dist_is_plain_attention():
+    import flashtile
+    from flashtile.distributed import ring_flash_attn_func
+
+    q, k, v = (torch.randn(1, 32, 2, 8, dtype=torch.float64) for _ in range(3))
+    for causal in (False, True):
+        ref = flashtile.flash_attn_func(q, k, v, causal=causal)
+        assert (ring_flash_attn_func(q, k, v, causal=causal) - ref).abs().max() < TOL
+
+
+def test_bad_input_is_refused():
+    from flashtile.distributed import ring_flash_attn_func
+
+    q = torch.randn(1, 6, 2, 8)
+    with pytest.raises(ValueError, match="same sequence shard"):
+        ring_flash_attn_func(q, torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8))
+    with pytest.raises(ValueError, match="layout"):
+        ring_flash_attn_func(q, q, q, layout="striped")
+    with pytest.raises(ValueError, match="even"):
+        ring_flash_attn_func(q[:, :5], q[:, :5], q[:, :5])
