@@ -171,7 +171,11 @@ def attention_backward(
     dsinks = None
     if sinks is not None:
         sink = sinks.to(acc)[None, :, None]
-        dsinks = (-(torch.exp(sink - lse) * delta)).sum(dim=(0, 2)).to(sinks.dtype)
+        # lse = -inf only when the row saw nothing and the sink is -inf too: no mass, no gradient
+        # (exp(-inf - -inf) would be NaN).
+        seen = torch.isfinite(lse)
+        mass = torch.where(seen, torch.exp(sink - torch.where(seen, lse, torch.zeros_like(lse))), torch.zeros_like(lse))
+        dsinks = (-(mass * delta)).sum(dim=(0, 2)).to(sinks.dtype)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 

@@ -92,3 +92,18 @@ def test_low_precision_empty_batch(dtype):
     assert out.shape == (0, 8, 4, 8) and out.dtype == dtype
     out.sum().backward()
     assert q.grad.shape == q.shape
+
+
+def test_minus_inf_sink_on_a_row_that_sees_nothing():
+    """A -inf sink means "no sink"; on a row that sees no key lse is -inf and the sink's
+    gradient must be 0, not exp(-inf - -inf) = NaN.  (Found by tests/test_fuzz.py:
+    b=1, sq=1, sk=0, sinks=[-inf] gave dsinks = nan.)"""
+    q = torch.randn(1, 3, 2, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 1, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 1, 4, dtype=torch.float64, requires_grad=True)
+    sinks = torch.tensor([-float("inf"), 0.5], dtype=torch.float64, requires_grad=True)
+    for kk, vv, window in ((k[:, :0], v[:, :0], (-1, -1)), (k, v, (0, 0))):  # no keys / row 0 sees none
+        out, lse = flashtile.flash_attn_func(q, kk, vv, sinks=sinks, window_size=window, return_lse=True)
+        loss = out.sum() + lse.where(lse.isfinite(), 0).sum()
+        gs = torch.autograd.grad(loss, (q, kk, vv, sinks) if kk.shape[1] else (q, sinks))
+        assert all(bool(g.isfinite().all()) for g in gs)
