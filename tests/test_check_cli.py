@@ -55,7 +55,7 @@ def test_lowp_harness_on_cpu(capsys):
     implementation under test: exercises the GPU harness's code here."""
     if torch.cuda.is_available():
         pytest.skip("on a CUDA machine --mode kernels runs the real kernels (tests/test_gpu_kernels.py)")
-    assert check.run(_args("--quick", "--mode", "kernels")) == 0
+    assert check.run(_args("--quick", "--mode", "kernels", "-k", "everything")) == 0  # every option at once
     out = capsys.readouterr().out
     assert "bf16" in out and "fp16" in out and "flash-attn rule" in out
 
@@ -119,7 +119,7 @@ def test_cli_help_lists_check():
 def test_python_m_flashtile_check_quick():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "flashtile", "check", "--quick"],
+        [sys.executable, "-m", "flashtile", "check", "--quick", "-k", "mha"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -131,7 +131,7 @@ def test_python_m_flashtile_check_module_quick():
     """The module also runs on its own (independent of cli/bench)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "flashtile.check", "--quick"],
+        [sys.executable, "-m", "flashtile.check", "--quick", "-k", "mqa"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
