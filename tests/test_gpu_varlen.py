@@ -1,0 +1,312 @@
+"""flash_attn_varlen_func's CUDA kernels against the reference (marker ``gpu``; skipped without CUDA).
+
+Same rule as ``test_gpu_kernels.py`` (whose ``rule_failures`` this reuses): with ``ref32`` the
+per-sequence reference in float32 and ``ref_lp`` the reference fed the low-precision tensors,
+
+    err(kernel, ref32) <= 2 * err(ref_lp, ref32) + floor    for out and lse
+    err(kernel, ref32) <= 3 * err(ref_lp, ref32) + floor    for dq, dk, dv, dsinks
+
+with the floor ``1e-5 * max(1, scale)``, lse compared on finite entries (and -inf exactly where
+ref32's is), every kernel call inside ``debug.poison()`` (NaN-filled outputs) so that rows the
+kernel forgets show up.  Rows outside every used range (``seqused_q``) must be exact zeros with
+lse -inf; keys outside ``seqused_k`` must get exact zero dk / dv.
+
+Batches are seeded random packings that always contain lengths 0, 1, 17, 129 and 1000 (on the
+query and the key side, paired differently so seqlen_q != seqlen_k per sequence).  Few kernel
+structures on purpose (each is a TileLang compile): bf16 d=128 carries the mask, sinks,
+softcap, seqused and determinism cases.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from flashtile import reference
+from flashtile.kernels import cache, debug
+from flashtile.varlen import flash_attn_varlen_func
+from test_gpu_kernels import NAMES, rule_failures
+
+pytestmark = pytest.mark.gpu
+
+BF16, FP16 = torch.bfloat16, torch.float16
+I32 = torch.int32
+MASKS = {
+    "none": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "win(127,0)": (False, (127, 0)),
+    "win(64,64)": (False, (64, 64)),
+    "causal+win(256)": (True, (256, -1)),
+}
+MUST = (0, 1, 17, 129, 1000)  # lengths every random batch contains, on both sides
+
+
+def random_lengths(seed: int, batch: int, hi: int = 700) -> list[tuple[int, int]]:
+    """(len_q, len_k) pairs: MUST on both sides (shifted so pairs differ), then random ones."""
+    rng = random.Random(seed)
+    lq = list(MUST) + [rng.randint(0, hi) for _ in range(batch - len(MUST))]
+    lk = list(MUST[2:] + MUST[:2]) + [rng.choice([rng.randint(0, hi), 0, 1, 64, 128]) for _ in range(batch - len(MUST))]
+    pairs = list(zip(lq, lk))
+    rng.shuffle(pairs)
+    return pairs
+
+
+@dataclass(frozen=True)
+class V:
+    seed: int
+    d: int
+    dv: int
+    h: int
+    hkv: int
+    mask: str
+    dtype: torch.dtype
+    batch: int = 8
+    sinks: bool = False
+    softcap: float = 0.0
+    seqused: bool = False
+    grad: str = "out"  # "out", "out+lse" or "lse"
+
+    @property
+    def id(self) -> str:
+        s = f"{'bf16' if self.dtype == BF16 else 'fp16'}-seed{self.seed}-b{self.batch}-d{self.d}"
+        s += (f"v{self.dv}" if self.dv != self.d else "") + f"-h{self.h}:{self.hkv}-{self.mask}"
+        s += "-sinks" if self.sinks else ""
+        s += f"-cap{self.softcap:g}" if self.softcap else ""
+        s += "-seqused" if self.seqused else ""
+        s += "" if self.grad == "out" else f"-grad({self.grad})"
+        return s
+
+
+GRID = [
+    V(0, 128, 128, 8, 2, "causal", BF16),
+    V(1, 128, 128, 4, 4, "none", BF16, grad="out+lse"),
+    V(2, 128, 128, 8, 2, "win(127,0)", BF16, batch=12),
+    V(3, 128, 128, 4, 1, "causal+win(256)", BF16, sinks=True, softcap=30.0, grad="out+lse"),
+    V(4, 128, 128, 8, 2, "causal", BF16, seqused=True),
+    V(5, 128, 128, 8, 2, "win(64,64)", BF16, sinks=True, seqused=True, grad="lse"),
+    V(6, 128, 128, 8, 2, "causal", FP16),
+    V(7, 64, 64, 4, 1, "none", BF16),
+    V(8, 64, 64, 8, 2, "causal", BF16, batch=16),
+    V(9, 256, 256, 4, 2, "causal", BF16),
+    V(10, 192, 128, 8, 2, "win(127,0)", BF16),
+    V(11, 40, 40, 8, 2, "causal", FP16),  # padded head dim (kernel d=48/64)
+]
+
+
+def test_grid_covers_every_axis():
+    assert {g.mask for g in GRID} == set(MASKS)
+    assert {(g.d, g.dv) for g in GRID} == {(64, 64), (128, 128), (256, 256), (192, 128), (40, 40)}
+    assert {g.dtype for g in GRID} == {BF16, FP16}
+    assert {(g.h // g.hkv) for g in GRID} >= {1, 4} and any(g.hkv == 1 for g in GRID)
+    assert {g.grad for g in GRID} == {"out", "out+lse", "lse"}
+    assert any(g.sinks for g in GRID) and any(g.softcap for g in GRID) and any(g.seqused for g in GRID)
+    # forward structures compiled: (d, dv, dtype, sinks, softcap)
+    assert len({(g.d, g.dv, g.dtype, g.sinks, bool(g.softcap)) for g in GRID}) <= 8
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _ieee_fp32_reference():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _cu(lengths) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=I32, device="cuda")
+
+
+def make_batch(g: V):
+    """q, k, v, sinks, dout, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k (fresh randn)."""
+    pairs = random_lengths(g.seed, g.batch)
+    lq, lk = [a for a, _ in pairs], [b for _, b in pairs]
+    q = torch.randn(sum(lq), g.h, g.d, device="cuda", dtype=g.dtype)
+    k = torch.randn(sum(lk), g.hkv, g.d, device="cuda", dtype=g.dtype)
+    v = torch.randn(sum(lk), g.hkv, g.dv, device="cuda", dtype=g.dtype)
+    sinks = torch.randn(g.h, device="cuda") if g.sinks else None
+    dout = torch.randn(sum(lq), g.h, g.dv, device="cuda", dtype=g.dtype)
+    used_q = used_k = None
+    if g.seqused:  # use a random prefix of each segment (sometimes all of it, sometimes none)
+        rng = random.Random(g.seed + 100)
+        used_q = [rng.choice([n, rng.randint(0, n)]) for n in lq]
+        used_k = [rng.choice([n, rng.randint(0, n)]) for n in lk]
+    max_q = max(used_q if used_q else lq)
+    max_k = max(used_k if used_k else lk)
+    to_t = lambda x: None if x is None else torch.tensor(x, dtype=I32, device="cuda")  # noqa: E731
+    return q, k, v, sinks, dout, _cu(lq), _cu(lk), to_t(used_q), to_t(used_k), max_q, max_k
+
+
+def _window(causal, window):
+    return (window[0], 0) if causal else tuple(window)
+
+
+def run_kernel(q, k, v, sinks, dout, dlse, cu_q, cu_k, uq, uk, mq, mk, causal, window, softcap, deterministic=False):
+    """flash_attn_varlen_func fwd + bwd with poisoned outputs: (out, lse, dq, dk, dv, dsinks)."""
+    leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in (q, k, v, sinks)]
+    with debug.poison():
+        out, lse = flash_attn_varlen_func(
+            *leaves[:3], cu_q, cu_k, mq, mk, causal=causal, window_size=window, softcap=softcap,
+            deterministic=deterministic, sinks=leaves[3], seqused_q=uq, seqused_k=uk, return_lse=True,
+        )
+        outputs, grads = [], []
+        if dout is not None:
+            outputs.append(out), grads.append(dout)
+        if dlse is not None:
+            outputs.append(lse), grads.append(dlse)
+        torch.autograd.backward(outputs, grads)
+        torch.cuda.synchronize()
+    return (out.detach(), lse.detach()) + tuple(None if x is None else x.grad for x in leaves)
+
+
+def run_references(q, k, v, sinks, dout, dlse, cu_q, cu_k, uq, uk, causal, window, softcap):
+    """(ref_lp, ref32): out, lse, dq, dk, dv, dsinks of the per-sequence reference."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    win = _window(causal, window)
+    seq = dict(seqused_q=uq, seqused_k=uk, chunk=512)
+    f32 = [None if x is None else x.float() for x in (q, k, v, sinks)]
+    dout32 = torch.zeros(*q.shape[:2], v.shape[-1], device="cuda") if dout is None else dout.float()
+    doutlp = dout32.to(q.dtype)
+    o32, l32 = reference.varlen_attention_forward(*f32[:3], cu_q, cu_k, scale, win, f32[3], softcap, **seq)
+    g32 = reference.varlen_attention_backward(dout32, *f32[:3], o32, l32, cu_q, cu_k, scale, win, f32[3], softcap, dlse, **seq)
+    olp, llp = reference.varlen_attention_forward(q, k, v, cu_q, cu_k, scale, win, sinks, softcap, **seq)
+    glp = reference.varlen_attention_backward(doutlp, q, k, v, olp, llp, cu_q, cu_k, scale, win, sinks, softcap, dlse, **seq)
+    return (olp, llp) + tuple(glp), (o32, l32) + tuple(g32)
+
+
+def dsinks_ref_err(sinks, dout, dlse, lp, r32) -> float | None:
+    """max_h sum_i exp(sink_h - lse_i) |Delta_lp,i - Delta_32,i| (see test_gpu_kernels)."""
+    if sinks is None:
+        return None
+    dout32 = torch.zeros_like(r32[0]) if dout is None else dout.float()
+
+    def delta(out):  # (h, total_q)
+        d = (dout32 * out.float()).sum(-1).transpose(0, 1)
+        return d if dlse is None else d - dlse
+
+    w = torch.exp(sinks.float()[:, None] - r32[1])
+    return float((w * (delta(lp[0]) - delta(r32[0])).abs()).sum(dim=1).max())
+
+
+def unused_failures(got, cu_q, cu_k, uq, uk) -> list[str]:
+    """Rows past seqused_q: exact zeros, lse -inf, dq 0; keys past seqused_k: dk = dv = 0."""
+    fails = []
+    out, lse, dq, dk, dv = got[:5]
+    for side, cu, used in (("q", cu_q, uq), ("k", cu_k, uk)):
+        if used is None:
+            continue
+        starts, ends = cu[:-1].tolist(), cu[1:].tolist()
+        idx = [i for s, e, n in zip(starts, ends, used.tolist()) for i in range(s + n, e)]
+        if not idx:
+            continue
+        idx = torch.tensor(idx, device="cuda")
+        if side == "q":
+            if out[idx].any() or not torch.isneginf(lse[:, idx]).all() or (dq is not None and dq[idx].any()):
+                fails.append("rows past seqused_q must have out 0, lse -inf, dq 0")
+        elif (dk is not None and dk[idx].any()) or (dv is not None and dv[idx].any()):
+            fails.append("keys past seqused_k must get dk = dv = 0")
+    return fails
+
+
+def check(g: V, deterministic=False):
+    causal, window = MASKS[g.mask]
+    q, k, v, sinks, dout, cu_q, cu_k, uq, uk, mq, mk = make_batch(g)
+    dout = None if g.grad == "lse" else dout
+    dlse = None
+    if "lse" in g.grad:
+        with torch.no_grad():
+            _, probe = reference.varlen_attention_forward(
+                q.float(), k.float(), v.float(), cu_q, cu_k, 1.0, _window(causal, window),
+                None if sinks is None else sinks.float(), 0.0, uq, uk, chunk=512,
+            )
+        dlse = torch.randn(g.h, q.shape[0], device="cuda").masked_fill(torch.isneginf(probe), 0.0)
+    got = run_kernel(q, k, v, sinks, dout, dlse, cu_q, cu_k, uq, uk, mq, mk, causal, window, g.softcap, deterministic)
+    lp, r32 = run_references(q, k, v, sinks, dout, dlse, cu_q, cu_k, uq, uk, causal, window, g.softcap)
+    fails = rule_failures(g.id, got, lp, r32, dsinks_ref_err(sinks, dout, dlse, lp, r32))
+    return fails + unused_failures(got, cu_q, cu_k, uq, uk), got
+
+
+# --- tests --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("g", GRID, ids=[g.id for g in GRID])
+def test_varlen_kernel_vs_reference(g: V):
+    fails, _ = check(g)
+    assert not fails, f"[{g.id}]\n  " + "\n  ".join(fails)
+
+
+DETERMINISM = [GRID[0], GRID[3]]
+
+
+@pytest.mark.parametrize("g", DETERMINISM, ids=[g.id for g in DETERMINISM])
+def test_deterministic_backward_is_bitwise_reproducible(g: V):
+    causal, window = MASKS[g.mask]
+    fails, _ = check(g, deterministic=True)
+    assert not fails, f"[{g.id} deterministic]\n  " + "\n  ".join(fails)
+    q, k, v, sinks, dout, cu_q, cu_k, uq, uk, mq, mk = make_batch(g)
+    first = run_kernel(q, k, v, sinks, dout, None, cu_q, cu_k, uq, uk, mq, mk, causal, window, g.softcap, True)
+    for run in range(1, 10):
+        again = run_kernel(q, k, v, sinks, dout, None, cu_q, cu_k, uq, uk, mq, mk, causal, window, g.softcap, True)
+        for name, a, b in zip(NAMES, first, again):
+            if a is not None:
+                assert torch.equal(a, b), f"[{g.id}] {name} differs between run 0 and run {run} (deterministic=True)"
+
+
+def test_new_lengths_never_recompile():
+    """After a warm-up per mask kind, batches with other cu_seqlens (sizes, batch counts,
+    max_seqlen, seqused) build no kernel."""
+    masks = [(True, (-1, -1)), (False, (-1, -1))]
+    h, hkv, d = 8, 2, 128
+
+    def call(seed, batch, causal, window, seqused):
+        g = V(seed, d, d, h, hkv, "none", BF16, batch=batch, seqused=seqused)
+        q, k, v, _, dout, cu_q, cu_k, uq, uk, mq, mk = make_batch(g)
+        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=causal, window_size=window, seqused_q=uq, seqused_k=uk)
+        out.backward(dout)
+        torch.cuda.synchronize()
+
+    for causal, window in masks:
+        call(0, 6, causal, window, False)
+        call(0, 6, causal, window, True)
+    before = cache.total_builds()
+    slowest = 0.0
+    for seed, batch in ((21, 5), (22, 9), (23, 17), (24, 33)):
+        for causal, window in masks:
+            t0 = time.perf_counter()
+            call(seed, batch, causal, window, seed % 2 == 0)
+            slowest = max(slowest, time.perf_counter() - t0)
+    assert cache.total_builds() == before, f"{cache.total_builds() - before} new kernel builds: {dict(cache.builds)}"
+    assert slowest < 3.0, f"slowest warm call took {slowest:.2f} s (a hidden recompile?)"
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_all_sequences_empty_or_keyless(sinks):
+    """Every sequence has no keys (and one has no queries): out 0, lse -inf or the sink."""
+    h = 4
+    s = torch.randn(h, device="cuda") if sinks else None
+    cu_q = torch.tensor([0, 5, 5, 12], dtype=I32, device="cuda")
+    cu_k = torch.zeros(4, dtype=I32, device="cuda")
+    q = torch.randn(12, h, 128, device="cuda", dtype=BF16)
+    k = torch.randn(0, 2, 128, device="cuda", dtype=BF16)
+    with debug.poison():
+        out, lse = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 7, 0, sinks=s, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out))
+    want = torch.full((h, 12), -math.inf, device="cuda") if s is None else s.float()[:, None].expand(h, 12)
+    assert torch.equal(lse, want)
+
+
+def test_content_checks_opt_in_on_cuda(monkeypatch):
+    q = torch.randn(10, 4, 64, device="cuda", dtype=BF16)
+    bad_cu = torch.tensor([0, 4, 9], dtype=I32, device="cuda")  # last entry != total_q
+    cu_k = torch.tensor([0, 5, 10], dtype=I32, device="cuda")
+    monkeypatch.setenv("FLASHTILE_CHECK_SEQLENS", "1")
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\]"):
+        flash_attn_varlen_func(q, q, q, bad_cu, cu_k, 6, 6)
