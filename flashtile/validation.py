@@ -35,7 +35,9 @@ def describe(value) -> str:
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
+    t = type(value)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__qualname__}"
+    return f"{name} {text}"
 
 
 def is_real(x) -> bool:

@@ -139,3 +139,124 @@ def test_headdim_bounds_accepted(monkeypatch):
     monkeypatch.setattr(flashtile.interface.ops, "attention", lambda *a: (None, None))
     for d in (1, 256):
         call(q=t(1, 2, 2, d), k=t(1, 2, 1, d), v=t(1, 2, 1, d))
+
+
+# --- flashtile.validation, the shared checks (issue 23) -----------------------------------------
+
+from flashtile import validation as V  # noqa: E402
+
+
+def test_fail_message_format():
+    with pytest.raises(ValueError, match=r"^f: x must be big, got 3$"):
+        V.fail("f", ValueError, "x", "big", 3)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_check_flag_accepts_bools(value):
+    V.check_flag("f", "causal", value)
+
+
+@pytest.mark.parametrize(
+    "value,shown",
+    [("no", "str 'no'"), (1, "int 1"), (0, "int 0"), (None, "None"), (1.0, "float 1.0"),
+     (torch.tensor(True), "a Tensor of shape ()")],
+)
+def test_check_flag_refuses_everything_else(value, shown):
+    with pytest.raises(TypeError) as info:
+        V.check_flag("fn", "deterministic", value)
+    msg = str(info.value)
+    assert msg.startswith("fn: deterministic must be a bool") and f"got {shown}" in msg, msg
+
+
+def test_check_flag_refuses_numpy_bool():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=r"got numpy\.bool"):
+        V.check_flag("fn", "causal", np.bool_(True))
+
+
+@pytest.mark.parametrize("value", [None, 0.5, 1, 1e-3, -2.0])
+def test_check_scale_accepts(value):
+    V.check_scale("f", "softmax_scale", value)
+
+
+@pytest.mark.parametrize(
+    "value,exc,shown",
+    [
+        (torch.tensor(0.5), TypeError, "a Tensor of shape () and dtype torch.float32"),
+        (torch.ones(1000), TypeError, "a Tensor of shape (1000,)"),
+        ("0.5", TypeError, "str '0.5'"),
+        (True, TypeError, "bool True"),
+        (float("nan"), ValueError, "nan"),
+        (float("-inf"), ValueError, "-inf"),
+    ],
+)
+def test_check_scale_refuses(value, exc, shown):
+    with pytest.raises(exc) as info:
+        V.check_scale("f", "softmax_scale", value)
+    assert "softmax_scale must be None or a finite real number" in str(info.value)
+    assert f"got {shown}" in str(info.value)
+    assert "1., 1., 1." not in str(info.value)  # a tensor's data is never printed
+
+
+def test_check_softcap():
+    V.check_softcap("f", 0.0)
+    V.check_softcap("f", 30)
+    with pytest.raises(TypeError, match=r"softcap must be a real number.*got a Tensor"):
+        V.check_softcap("f", torch.tensor(1.0))
+    with pytest.raises(TypeError, match=r"got bool"):
+        V.check_softcap("f", True)
+    with pytest.raises(ValueError, match=r"softcap must be a finite float >= 0"):
+        V.check_softcap("f", -0.5)
+
+
+def test_check_window():
+    for w in [(-1, -1), (0, 0), [3, -1], (128, 0)]:
+        V.check_window("f", w)
+    for w, exc in [((1,), TypeError), ((1, 2, 3), TypeError), ((True, 0), TypeError), ((1.0, 2), TypeError),
+                   ("10", TypeError), (None, TypeError), ((-2, 0), ValueError), ((0, -7), ValueError)]:
+        with pytest.raises(exc, match=r"f: window_size"):
+            V.check_window("f", w)
+
+
+def test_check_sinks():
+    V.check_sinks("f", None, 4, torch.device("cpu"))
+    V.check_sinks("f", torch.zeros(4, dtype=torch.bfloat16), 4, torch.device("cpu"))
+    for sinks, exc, pat in [
+        ([0.0] * 4, TypeError, r"sinks must be None or a torch.Tensor, got list"),
+        (torch.zeros(2), ValueError, r"sinks must be shape \(nheads,\) = \(4,\), got shape \(2,\)"),
+        (torch.zeros(4, dtype=torch.int64), TypeError, r"sinks.dtype must be a floating dtype"),
+        (torch.zeros(4, device="meta"), ValueError, r"sinks.device"),
+    ]:
+        with pytest.raises(exc, match=pat):
+            V.check_sinks("f", sinks, 4, torch.device("cpu"))
+
+
+def test_reject_unsupported():
+    V.reject_unsupported("f")
+    V.reject_unsupported("f", 0.0, None)
+    V.reject_unsupported("f", 0, None)
+    V.reject_unsupported("f", None, None)
+    with pytest.raises(NotImplementedError, match=r"^f: dropout_p=0.1 is not supported"):
+        V.reject_unsupported("f", 0.1)
+    with pytest.raises(TypeError, match=r"dropout_p"):
+        V.reject_unsupported("f", "0.0")
+    with pytest.raises(NotImplementedError, match=r"^f: alibi_slopes is not supported \(got a Tensor of shape \(4,\)"):
+        V.reject_unsupported("f", 0.0, torch.ones(4))
+
+
+def test_check_tensor():
+    V.check_tensor("f", "q", torch.zeros(1, 1, 1, 1), 4, "(b, s, h, d)", (torch.float32,))
+    with pytest.raises(ValueError, match=r"f: q must be a 4-D tensor \(b, s, h, d\), got shape \(1, 1\)"):
+        V.check_tensor("f", "q", torch.zeros(1, 1), 4, "(b, s, h, d)", (torch.float32,))
+    with pytest.raises(TypeError, match=r"q.dtype must be one of float32, got torch.float16"):
+        V.check_tensor("f", "q", torch.zeros(1, 1, 1, 1, dtype=torch.float16), 4, "(b, s, h, d)", (torch.float32,))
+
+
+def test_interface_names_still_exported():
+    from flashtile.interface import normalize_window, validate
+
+    assert normalize_window(True, (3, 5)) == (3, 0) and normalize_window(False, [2, -1]) == (2, -1)
+    q, k, v = good()
+    validate(q, k, v, None, (-1, -1), None, 0.0)
+    with pytest.raises(ValueError, match=r"^my_fn: window_size left"):
+        validate(q, k, v, None, (-2, 0), None, 0.0, fn="my_fn")
