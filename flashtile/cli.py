@@ -51,13 +51,14 @@ def join_negative_values(argv: list[str]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__, bench, check
+    from .distributed import bench as cp_bench
 
     parser = argparse.ArgumentParser(
         prog="flashtile", description=plain(__doc__.split("\n")[0]).strip(": "), formatter_class=PlainFormatter
     )
     parser.add_argument("--version", action="version", version=f"flashtile {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, module in (("check", check), ("bench", bench)):
+    for name, module in (("check", check), ("bench", bench), ("cp", cp_bench)):
         doc = module.__doc__.strip()
         p = sub.add_parser(name, help=plain(doc.split("\n")[0]), description=doc, formatter_class=PlainFormatter)
         module.add_arguments(p)

@@ -257,3 +257,26 @@ def test_bad_input_is_refused():
         ring_flash_attn_func(q, q, q, layout="striped")
     with pytest.raises(ValueError, match="even"):
         ring_flash_attn_func(q[:, :5], q[:, :5], q[:, :5])
+
+
+def test_bench_cpu_single_process(tmp_path):
+    """The benchmark's code path (timing, T1, efficiency, numerics check, JSON + markdown) in a
+    group of one on CPU; the GPU numbers come from torchrun on a GPU machine."""
+    from flashtile.distributed import bench
+
+    argv = ["--device", "cpu", "--seqlens", "64", "--heads", "2", "--headdim", "8", "--dtype", "fp32",
+            "--warmup", "0", "--iters", "1", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    report = json.loads((tmp_path / "cp.json").read_text())
+    rec = report["results"][0]
+    assert rec["ring"]["status"] == "ok" and rec["single_flashtile"]["status"] == "ok"
+    assert rec["torch_cp"]["status"].startswith("unavailable")
+    assert report["check"]["pass"]
+    assert "flashtile ring" in (tmp_path / "cp.md").read_text()
+
+
+def test_cli_has_cp_subcommand():
+    from flashtile.cli import build_parser
+
+    args = build_parser().parse_args(["cp", "--seqlens", "32k,128k", "--device", "cpu"])
+    assert args.seqlens == [32768, 131072] and args.command == "cp"

@@ -330,8 +330,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, sinks, group, rank, world, sca
         if step + 1 < world:
             kv_next = kv_ring.start([kk, vv], (0, 1))
         src = (rank - step) % world
-        dk_step = torch.zeros(k.shape, dtype=acc, device=k.device)
-        dv_step = torch.zeros(v.shape, dtype=acc, device=v.device)
+        dk_step = dv_step = None
         for p in plan(n, world, rank, src, layout, left, right):
             do_p, dlse_p, q_p, out_p, lse_p = row_slices(p)
             dq_p, dk_p, dv_p = _step_bwd(
@@ -339,8 +338,17 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, sinks, group, rank, world, sca
                 scale, p.left, p.right, softcap, deterministic,
             )
             dq[:, p.q0 : p.q1] += dq_p
+            if dk_step is None and (p.k0, p.k1) == (0, n):
+                dk_step, dv_step = dk_p.to(acc), dv_p.to(acc)
+                continue
+            if dk_step is None:
+                dk_step = torch.zeros(k.shape, dtype=acc, device=k.device)
+                dv_step = torch.zeros(v.shape, dtype=acc, device=v.device)
             dk_step[:, p.k0 : p.k1] += dk_p
             dv_step[:, p.k0 : p.k1] += dv_p
+        if dk_step is None:  # nothing of this K/V block is visible to this rank
+            dk_step = torch.zeros(k.shape, dtype=acc, device=k.device)
+            dv_step = torch.zeros(v.shape, dtype=acc, device=v.device)
         if world == 1:
             d_next = (dk_step, dv_step)
             break
