@@ -225,6 +225,94 @@ def test_register_refuses_names_transformers_routes_to_flash_attn():
     assert ft_hf.register() == NAME  # idempotent
 
 
+# Registration on ``import flashtile`` (issue 23).  Fresh interpreters for the import orders
+# (transformers' model code loads in each, ~4 s of CPU), so only the two orders that need one.
+_AUTO_SCRIPT = """
+import sys
+order = sys.argv[1]
+if order == "transformers-first":
+    import transformers
+    import flashtile
+    assert "transformers.modeling_utils" not in sys.modules  # registration waits, imports nothing
+elif order == "flashtile-first":
+    import flashtile
+    assert "transformers" not in sys.modules, "import flashtile imported transformers"
+    import transformers
+elif order == "disabled":
+    import flashtile
+    assert "transformers" not in sys.modules
+    assert not any(type(f).__module__.startswith("flashtile") for f in sys.meta_path)
+    print("ok")
+    raise SystemExit
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+assert "tile_attention" in AttentionInterface._global_mapping
+assert "tile_attention" in AttentionMaskInterface._global_mapping
+assert not any(type(f).__module__.startswith("flashtile") for f in sys.meta_path)  # hook removed
+if order == "flashtile-first":  # what the issue reported: a model built by name
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation="tile_attention")
+    assert model.config._attn_implementation == "tile_attention"
+    assert torch.isfinite(model(torch.randint(0, 32, (1, 5))).logits).all()
+print("ok")
+"""
+
+
+def test_import_flashtile_registers_the_backend():
+    """transformers imported before flashtile and after it (side by side), and
+    FLASHTILE_HF_AUTOREGISTER=0 installing nothing."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    procs = {}
+    for order in ("transformers-first", "flashtile-first", "disabled"):
+        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.pop("FLASHTILE_HF_AUTOREGISTER", None)
+        if order == "disabled":
+            env["FLASHTILE_HF_AUTOREGISTER"] = "0"
+        procs[order] = subprocess.Popen(
+            [sys.executable, "-c", _AUTO_SCRIPT, order], cwd=root, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+    for order, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and out.strip() == "ok", f"{order}: {out[-2000:]}{err[-3000:]}"
+
+
+def test_install_registers_at_once_when_model_code_is_loaded(monkeypatch):
+    """This process has transformers' model code loaded: install() registers immediately."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from flashtile.integrations import autoregister
+
+    for registry in (AttentionInterface, AttentionMaskInterface):
+        mapping = dict(registry._global_mapping)
+        mapping.pop(NAME, None)
+        monkeypatch.setattr(registry, "_global_mapping", mapping)
+    monkeypatch.delenv("FLASHTILE_HF_AUTOREGISTER", raising=False)
+    autoregister.install()
+    assert AttentionInterface._global_mapping[NAME] is ft_hf.attention_forward
+    assert AttentionMaskInterface._global_mapping[NAME] is ft_hf.attention_mask
+
+
+def test_failed_registration_warns_and_does_not_raise(monkeypatch):
+    from flashtile.integrations import autoregister
+
+    def broken(name=NAME):
+        raise RuntimeError("registry moved")
+
+    monkeypatch.setattr(ft_hf, "register", broken)
+    with pytest.warns(RuntimeWarning, match="registry moved"):
+        autoregister._register()
+
+
 # --- the attention function alone ---------------------------------------------------------------
 
 
