@@ -1,0 +1,395 @@
+"""Small-shape cases over every kernel family, for ``benchmarks/sanitize.sh`` (compute-sanitizer).
+
+    python3 benchmarks/sanitize_cases.py --precompile --jobs 14   # build the cases' kernels in parallel
+    python3 benchmarks/sanitize_cases.py --check                  # warm-up: poisoned outputs, compared with the reference
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_cases.py --set all
+
+Families: the dense forward (hand-written tile and persistent kernels, the auto-pipelined one
+through ``configs.overrides``), the backward (preprocess, hand-written and auto dK/dV, the
+deterministic dQ kernels, the lse-gradient preprocess), packed varlen batches with empty
+sequences and ``seqused``, and KV-cache decode with a paged cache of page size 1 (the last two
+only where ``flashtile`` has the entry point).  Shapes carry tails: seqlens 1, 17, 129; head
+dims 64, 128, 256 and 192/128; GQA; causal, window, sinks, softcap; NaN/inf inputs once.
+
+Every flashtile kernel launch is counted (the compiled kernels are wrapped where
+``kernels.cache.get`` hands them out); the last line is ``cases: N, flashtile kernel launches: M``.
+``--set race`` is the short list for racecheck (one shape per family).  Exit status: 0, or 1
+when ``--check`` finds a mismatch or a case raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+
+import torch
+
+import flashtile
+from flashtile import reference
+from flashtile.kernels import cache, configs
+
+LAUNCHES = 0
+DEVICE = "cuda"  # --device cpu: a smoke test of this driver on the reference path (no launches)
+
+# (seqlen_q, seqlen_k): tails of a 64/128-row tile, q shorter and longer than k.
+SHAPES = [(1, 1), (17, 17), (129, 129), (17, 129), (129, 17)]
+RACE_SHAPES = [(129, 129)]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    d: int = 128
+    dv: int | None = None
+    h: int = 4
+    hkv: int = 4
+    b: int = 2
+    causal: bool = False
+    window: tuple = (-1, -1)
+    sinks: bool = False
+    softcap: float = 0.0
+    deterministic: bool = False
+    lse_grad: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    override: str | None = None  # "auto-fwd": the auto-pipelined forward through configs.overrides
+    shapes: tuple = tuple(SHAPES)
+    kind: str = "dense"  # "dense", "varlen", "kvcache", "nonfinite"
+    extra: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def d_v(self) -> int:
+        return self.dv or self.d
+
+
+CASES = [
+    Case("d64 mha", d=64),
+    Case("d64 gqa4 causal sinks det lse", d=64, h=8, hkv=2, causal=True, sinks=True, deterministic=True, lse_grad=True),
+    Case("d128 gqa2 window", d=128, h=4, hkv=2, window=(16, 0)),
+    Case("d128 causal det sinks", d=128, causal=True, sinks=True, deterministic=True),
+    Case("d128 softcap causal fp16", d=128, causal=True, softcap=20.0, dtype=torch.float16),
+    Case("d128 softcap window det", d=128, h=4, hkv=1, window=(8, 8), softcap=30.0, deterministic=True),
+    Case("d256 causal sinks", d=256, h=2, hkv=2, causal=True, sinks=True),
+    Case("d256 window det", d=256, h=2, hkv=1, window=(32, 4), deterministic=True),
+    Case("d192/128 softcap det", d=192, dv=128, h=2, hkv=2, softcap=15.0, deterministic=True),
+    Case("d192/128 causal lse", d=192, dv=128, h=2, hkv=1, causal=True, lse_grad=True),
+    Case("auto fwd d128 causal", d=128, causal=True, override="auto-fwd"),
+    Case("varlen d128 gqa2 causal sinks", d=128, h=4, hkv=2, causal=True, sinks=True, kind="varlen"),
+    Case("varlen d64 window seqused det", d=64, window=(8, 0), deterministic=True, kind="varlen", extra={"seqused": True}),
+    Case("kvcache d128 gqa4 paged1", d=128, h=8, hkv=2, causal=True, kind="kvcache"),
+    Case("kvcache d64 sinks window", d=64, h=4, hkv=4, window=(8, 0), sinks=True, kind="kvcache"),
+    Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),
+]
+
+
+def available(case: Case) -> bool:
+    if case.kind == "varlen":
+        return hasattr(flashtile, "flash_attn_varlen_func")
+    if case.kind == "kvcache":
+        return hasattr(flashtile, "flash_attn_with_kvcache")
+    return True
+
+
+# --- launch counting ----------------------------------------------------------------------------
+
+
+class _Counted:
+    def __init__(self, kernel):
+        self._kernel = kernel
+
+    def __call__(self, *args, **kwargs):
+        global LAUNCHES
+        LAUNCHES += 1
+        return self._kernel(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+
+def _count_launches():
+    get = cache.get
+
+    def counting_get(*args, **kwargs):
+        return _Counted(get(*args, **kwargs))
+
+    cache.get = counting_get
+
+
+# --- one case -----------------------------------------------------------------------------------
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _rand(gen, *shape, dtype, device, scale=1.0):
+    return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+def _compare(what, got, want, tol, failures):
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    if got.shape != want.shape:
+        failures.append(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+        return
+    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
+    err = torch.where(both_inf, torch.zeros_like(got), (got - want).abs())
+    err = err.nan_to_num(nan=float("inf")).max().item() if err.numel() else 0.0
+    scale = max(1.0, want[torch.isfinite(want)].abs().max().item() if torch.isfinite(want).any() else 1.0)
+    if err > tol * scale:
+        failures.append(f"{what}: max abs error {err:.3g} > {tol * scale:.3g}")
+
+
+def _tol(dtype):
+    return 2e-2 if dtype == torch.bfloat16 else 4e-3
+
+
+def run_dense(case: Case, sq: int, sk: int, check: bool, gen, failures):
+    dev = DEVICE
+    q = _rand(gen, case.b, sq, case.h, case.d, dtype=case.dtype, device=dev)
+    k = _rand(gen, case.b, sk, case.hkv, case.d, dtype=case.dtype, device=dev)
+    v = _rand(gen, case.b, sk, case.hkv, case.d_v, dtype=case.dtype, device=dev)
+    sinks = _rand(gen, case.h, dtype=torch.float32, device=dev) if case.sinks else None
+    if case.kind == "nonfinite":  # NaN in one query row, +inf in one key, -inf in one value
+        q[0, sq // 2, 0, 0] = float("nan")
+        k[0, 0, 0, 1] = float("inf")
+        v[-1, sk - 1, -1, 2] = float("-inf")
+    leaves = [t.requires_grad_() for t in (q, k, v)] + ([sinks.requires_grad_()] if sinks is not None else [])
+    kw = dict(causal=case.causal, window_size=case.window, sinks=sinks, softcap=case.softcap,
+              deterministic=case.deterministic, return_lse=True)
+    old = dict(configs.overrides)
+    if case.override == "auto-fwd":
+        configs.overrides["fwd"] = configs.FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256)
+    try:
+        out, lse = flashtile.flash_attn_func(q, k, v, **kw)
+    finally:
+        configs.overrides.clear()
+        configs.overrides.update(old)
+    dout = _rand(gen, *out.shape, dtype=case.dtype, device=dev)
+    dlse = _rand(gen, *lse.shape, dtype=torch.float32, device=dev) if case.lse_grad else None
+    loss = (out.float() * dout.float()).sum()
+    if dlse is not None:
+        loss = loss + torch.where(lse.isfinite(), lse, 0.0).mul(dlse).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    _sync()
+    if case.kind == "nonfinite":
+        sees = sq // 2  # row sq//2 sees keys (it is causal, bottom-right, sq == sk)
+        if not bool(out[0, sees, 0].isnan().all()):
+            failures.append("nonfinite: the query row with a NaN is not NaN")
+        return
+    if not check:
+        return
+    cpu = [t.detach().cpu().float().requires_grad_() for t in leaves]
+    scale = 1.0 / math.sqrt(case.d)
+    left, right = case.window[0], 0 if case.causal else case.window[1]
+    o_ref, l_ref = reference.attention_forward(*cpu[:3], scale, (left, right), cpu[3] if sinks is not None else None, case.softcap)
+    g_ref = reference.attention_backward(
+        dout.cpu().float(), *cpu[:3], o_ref, l_ref, scale, (left, right), cpu[3] if sinks is not None else None,
+        case.softcap, dlse.cpu() if dlse is not None else None,
+    )
+    tol = _tol(case.dtype)
+    _compare("out", out, o_ref, tol, failures)
+    _compare("lse", lse, l_ref, tol, failures)
+    for name, g, r in zip(("dq", "dk", "dv", "dsinks"), grads, g_ref):
+        _compare(name, g, r, 4 * tol * (1 + math.log2(max(sq, sk))), failures)
+
+
+def run_varlen(case: Case, sq: int, sk: int, check: bool, gen, failures):
+    """A packed batch of five sequences: the case's (sq, sk), empty ones and length-1 ones."""
+    dev = DEVICE
+    lens_q = [sq, 0, 1, 17, 0]
+    lens_k = [sk, 5, 0, 129, 0]
+    cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = _rand(gen, tq, case.h, case.d, dtype=case.dtype, device=dev).requires_grad_()
+    k = _rand(gen, tk, case.hkv, case.d, dtype=case.dtype, device=dev).requires_grad_()
+    v = _rand(gen, tk, case.hkv, case.d_v, dtype=case.dtype, device=dev).requires_grad_()
+    sinks = _rand(gen, case.h, dtype=torch.float32, device=dev).requires_grad_() if case.sinks else None
+    used = {}
+    if case.extra.get("seqused"):
+        used = dict(seqused_q=torch.tensor([max(sq - 1, 0), 0, 1, 9, 0], dtype=torch.int32, device=dev),
+                    seqused_k=torch.tensor([sk, 3, 0, 100, 0], dtype=torch.int32, device=dev))
+    out, lse = flashtile.flash_attn_varlen_func(
+        q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k), causal=case.causal, window_size=case.window,
+        softcap=case.softcap, deterministic=case.deterministic, sinks=sinks, return_lse=True, **used,
+    )
+    leaves = [q, k, v] + ([sinks] if sinks is not None else [])
+    dout = _rand(gen, *out.shape, dtype=case.dtype, device=dev)
+    grads = torch.autograd.grad((out.float() * dout.float()).sum(), leaves)
+    _sync()
+    if not check:
+        return
+    cpu = [t.detach().cpu() for t in leaves]
+    ref = flashtile.flash_attn_varlen_func(
+        *(t.float().requires_grad_() for t in cpu[:3]), cu(lens_q).cpu(), cu(lens_k).cpu(), max(lens_q), max(lens_k),
+        causal=case.causal, window_size=case.window, softcap=case.softcap,
+        sinks=cpu[3].float().requires_grad_() if sinks is not None else None, return_lse=True,
+        **{n: t.cpu() for n, t in used.items()},
+    )
+    tol = _tol(case.dtype)
+    _compare("varlen out", out, ref[0], tol, failures)
+    _compare("varlen lse", lse, ref[1], tol, failures)
+
+
+def run_kvcache(case: Case, sq: int, sk: int, check: bool, gen, failures):
+    """Decode: ``sq`` new tokens (capped at 17) appended at ``cache_seqlens`` to a paged cache of
+    page size 1 (a shuffled block table), then attention over cache + new tokens."""
+    dev = DEVICE
+    sq = min(sq, 17)
+    b, page = case.b, 1
+    cache_len = sk + sq
+    pages = torch.randperm(b * cache_len, generator=gen).to(dev)
+    block_table = pages.reshape(b, cache_len).to(torch.int32)
+    k_cache = _rand(gen, b * cache_len, page, case.hkv, case.d, dtype=case.dtype, device=dev)
+    v_cache = _rand(gen, b * cache_len, page, case.hkv, case.d_v, dtype=case.dtype, device=dev)
+    q = _rand(gen, b, sq, case.h, case.d, dtype=case.dtype, device=dev)
+    k_new = _rand(gen, b, sq, case.hkv, case.d, dtype=case.dtype, device=dev)
+    v_new = _rand(gen, b, sq, case.hkv, case.d_v, dtype=case.dtype, device=dev)
+    cache_seqlens = torch.tensor([sk, max(sk - 1, 0)][:b] + [sk] * max(b - 2, 0), dtype=torch.int32, device=dev)
+    sinks = _rand(gen, case.h, dtype=torch.float32, device=dev) if case.sinks else None
+    kw = dict(k=k_new, v=v_new, cache_seqlens=cache_seqlens, block_table=block_table, causal=case.causal,
+              window_size=case.window, softcap=case.softcap, return_softmax_lse=True)
+    if sinks is not None:
+        kw["sinks"] = sinks
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    out = out[0] if isinstance(out, tuple) else out
+    _sync()
+    if not check:
+        return
+    for bi in range(b):  # dense reference over the gathered cache (already appended in place)
+        n = int(cache_seqlens[bi]) + sq
+        rows = block_table[bi, :n].long()
+        kb, vb = k_cache[rows, 0][None].float().cpu(), v_cache[rows, 0][None].float().cpu()
+        o_ref, _ = reference.attention_forward(
+            q[bi : bi + 1].float().cpu(), kb, vb, 1.0 / math.sqrt(case.d), (case.window[0], 0 if case.causal else case.window[1]),
+            sinks.cpu() if sinks is not None else None, case.softcap,
+        )
+        _compare(f"kvcache out[{bi}]", out[bi : bi + 1], o_ref, _tol(case.dtype), failures)
+
+
+RUNNERS = {"dense": run_dense, "nonfinite": run_dense, "varlen": run_varlen, "kvcache": run_kvcache}
+
+
+# --- precompile ---------------------------------------------------------------------------------
+
+
+def structures(cases):
+    """(pass, kwargs) for ``flashtile.kernels.precompile.build`` covering the dense cases."""
+    from flashtile.kernels import target
+
+    sms = target.sm_count(torch.device("cuda")) if torch.cuda.is_available() else 132
+    seen = []
+    for c in cases:
+        if c.kind not in ("dense", "nonfinite", "varlen") or c.override:
+            continue
+        dt = str(c.dtype).removeprefix("torch.")
+        # Kernels are compiled per mask kind (configs.mask_kind), not per window value.
+        window = (-1, -1) if c.window == (-1, -1) and not c.causal else (0, 0)
+        varlen = c.kind == "varlen"
+        dp, dvp = configs.kernel_headdims(c.d, c.d_v, "fwd")
+        fwd = dict(dim=dp, dim_v=dvp, dtype=dt, has_sinks=c.sinks, has_softcap=c.softcap > 0, window=window, varlen=varlen, num_sms=sms)
+        dp, dvp = configs.kernel_headdims(c.d, c.d_v, "bwd")
+        bwd = dict(dim=dp, dim_v=dvp, dtype=dt, has_softcap=c.softcap > 0, has_dlse=c.lse_grad,
+                   deterministic=c.deterministic, window=window, varlen=varlen)
+        for s in (("fwd", fwd), ("bwd", bwd)):
+            if s not in seen:
+                seen.append(s)
+    return seen
+
+
+def _build(p, kwargs):
+    from flashtile.kernels.launch import backward_kernels, forward_kernel
+
+    t = time.time()
+    forward_kernel(**kwargs) if p == "fwd" else backward_kernels(**kwargs)
+    return f"built {p} {kwargs} in {time.time() - t:.1f}s"
+
+
+def precompile(cases, jobs: int) -> int:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    todo = structures(cases)
+    bad = 0
+    with ProcessPoolExecutor(max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_build, p, kw): (p, kw) for p, kw in todo}
+        for f in as_completed(futures):
+            try:
+                print(f.result(), flush=True)
+            except Exception as e:  # the serial warm-up will build (and report) it again
+                bad += 1
+                print(f"precompile failed for {futures[f]}: {type(e).__name__}: {e}", flush=True)
+    print(f"precompile: {len(todo)} structures, {bad} failed", flush=True)
+    return 0
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--set", choices=["all", "race"], default="all", help="race: one shape per family (racecheck)")
+    ap.add_argument("--check", action="store_true", help="poison outputs and compare with the CPU reference")
+    ap.add_argument("--precompile", action="store_true", help="only build the cases' kernels (parallel, disk cache)")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("-k", default="", help="run only cases whose name contains this")
+    ap.add_argument("--device", default=os.environ.get("SANITIZE_DEVICE", "cuda"),
+                    help="cpu: smoke-test the driver on the reference path (env SANITIZE_DEVICE)")
+    ap.add_argument("--list", action="store_true", help="print the cases and the kernel structures, run nothing")
+    args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+
+    cases = [c for c in CASES if args.k in c.name and available(c)]
+    skipped = [c.name for c in CASES if not available(c)]
+    if skipped:
+        print(f"not in this flashtile (skipped): {', '.join(skipped)}", flush=True)
+    if args.list:
+        for c in cases:
+            print(f"case {c.name}: {c.kind}, shapes {list(c.shapes)}")
+        for p, kw in structures(cases):
+            print(f"structure {p} {kw}")
+        return 0
+    if args.precompile:
+        return precompile(cases, args.jobs)
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device", flush=True)
+        return 1
+    if args.check:
+        from flashtile.kernels import debug
+
+        debug._poison = True  # unwritten output elements show up as NaN in the comparison
+    _count_launches()
+    gen = torch.Generator().manual_seed(0)
+    n_cases = 0
+    errors = []
+    t0 = time.time()
+    for case in cases:
+        shapes = RACE_SHAPES if args.set == "race" and case.kind != "nonfinite" else case.shapes
+        if args.set == "race" and case.kind == "nonfinite":
+            continue
+        for sq, sk in shapes:
+            failures: list[str] = []
+            before = LAUNCHES
+            try:
+                RUNNERS[case.kind](case, sq, sk, args.check, gen, failures)
+            except Exception as e:
+                failures.append(f"raised {type(e).__name__}: {e}")
+                traceback.print_exc()
+            n_cases += 1
+            status = "ok" if not failures else "FAIL " + "; ".join(failures)
+            print(f"case {case.name} sq={sq} sk={sk}: {LAUNCHES - before} launches, {status}", flush=True)
+            if failures:
+                errors.append(f"{case.name} sq={sq} sk={sk}: {'; '.join(failures)}")
+    print(f"cases: {n_cases}, flashtile kernel launches: {LAUNCHES}, failed cases: {len(errors)}, {time.time() - t0:.0f}s", flush=True)
+    for e in errors:
+        print("FAILED", e, flush=True)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
