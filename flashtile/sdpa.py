@@ -1,6 +1,6 @@
 """``scaled_dot_product_attention`` with PyTorch's layout and mask alignment.
 
-A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` where their features
+Public as ``flashtile.scaled_dot_product_attention``.  A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` where their features
 overlap, plus flashtile's extras (``window_size``, ``sinks``, ``softcap``).  Tensors are
 (batch, heads, seq, dim) as in PyTorch; the work is done by ``flash_attn_func`` on transposed
 views (no copies).
