@@ -16,7 +16,8 @@ import time
 import torch
 
 import flashtile
-from flashtile.kernels import debug, fwd
+from flashtile.kernels import debug
+from flashtile.kernels import launch as fwd
 from flashtile.kernels import forward as kernels_forward
 
 
@@ -37,7 +38,7 @@ def main():
     args = ap.parse_args()
     b, s, h, d = 1, 128, 4, 64
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    kernel = fwd.get_forward_kernel(d, d, "bfloat16", False, False)
+    kernel = fwd.forward_kernel(d, d, "bfloat16", False, False)
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device="cuda")
     sinks = debug.dummy_sinks(h, q.device)

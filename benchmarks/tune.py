@@ -57,11 +57,11 @@ def prebuild(which, d, cfg, det):
     configs.overrides[which] = make_config(which, cfg)
     try:
         if which == "fwd":
-            from flashtile.kernels.fwd import get_forward_kernel
+            from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
             get_forward_kernel(d, d, "bfloat16", False, False)
         else:
-            from flashtile.kernels.bwd import get_backward_kernels
+            from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
             get_backward_kernels(d, d, "bfloat16", False, False, det)
         return f"built {which} d{d} {cfg}"

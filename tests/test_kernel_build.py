@@ -28,7 +28,7 @@ def _assert_hopper(src: str, what: str) -> None:
 
 @pytest.mark.parametrize("dim,dim_v,dtype", STRUCTURES, ids=lambda x: str(x))
 def test_forward_builds(dim, dim_v, dtype):
-    from flashtile.kernels.fwd import get_forward_kernel
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
     dt = dtype
     kernel = get_forward_kernel(dim, dim_v, dt, has_sinks=False, has_softcap=False)
@@ -37,7 +37,7 @@ def test_forward_builds(dim, dim_v, dtype):
 
 @pytest.mark.parametrize("dim,dim_v,dtype", STRUCTURES, ids=lambda x: str(x))
 def test_backward_builds(dim, dim_v, dtype):
-    from flashtile.kernels.bwd import get_backward_kernels
+    from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
     dt = dtype
     _, main, _ = get_backward_kernels(dim, dim_v, dt, has_softcap=False, has_dlse=False, deterministic=False)
@@ -48,7 +48,7 @@ def test_backward_builds(dim, dim_v, dtype):
 
 @pytest.mark.parametrize("dim,dim_v", [(128, 128), (192, 128)])
 def test_deterministic_backward_builds_without_atomics(dim, dim_v):
-    from flashtile.kernels.bwd import get_backward_kernels
+    from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
     _, main, dq = get_backward_kernels(dim, dim_v, "bfloat16", has_softcap=False, has_dlse=True, deterministic=True)
     for what, k in (("dkdv", main), ("dq", dq)):
@@ -60,8 +60,8 @@ def test_deterministic_backward_builds_without_atomics(dim, dim_v):
 
 @pytest.mark.parametrize("has_sinks,has_softcap", [(True, False), (False, True), (True, True)])
 def test_feature_variants_build(has_sinks, has_softcap):
-    from flashtile.kernels.bwd import get_backward_kernels
-    from flashtile.kernels.fwd import get_forward_kernel
+    from flashtile.kernels.launch import backward_kernels as get_backward_kernels
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
     src = get_forward_kernel(128, 128, "bfloat16", has_sinks, has_softcap).get_kernel_source()
     _assert_hopper(src, f"fwd sinks={has_sinks} softcap={has_softcap}")
@@ -75,8 +75,8 @@ def test_feature_variants_build(has_sinks, has_softcap):
 def test_padded_head_dims_build(d, dv):
     """Head dims outside the table run the kernels of ``configs.kernel_headdim``: forward at the
     next multiple of 16 (72 -> 80, 200/100 -> 208/112), backward at the next multiple of 32."""
-    from flashtile.kernels.bwd import get_backward_kernels
-    from flashtile.kernels.fwd import get_forward_kernel
+    from flashtile.kernels.launch import backward_kernels as get_backward_kernels
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
     fd, fdv = configs.kernel_headdims(d, dv, "fwd")
     _assert_hopper(get_forward_kernel(fd, fdv, "bfloat16", False, False).get_kernel_source(), f"fwd d={fd}/{fdv}")
@@ -89,7 +89,7 @@ def test_padded_head_dims_build(d, dv):
 def test_auto_pipelined_forward_builds(dim):
     """The table picks the hand-written forward everywhere; the auto-pipelined schedule stays
     buildable as the baseline that ``benchmarks/tune.py`` measures against."""
-    from flashtile.kernels.fwd import get_forward_kernel
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
     configs.overrides["fwd"] = configs.FwdConfig(block_m=128, block_n=128 if dim <= 128 else 80, num_stages=2, threads=256)
     try:
@@ -100,9 +100,38 @@ def test_auto_pipelined_forward_builds(dim):
     assert "wait_wgmma<1>" not in src, "the auto-pipelined forward should keep its GEMMs synchronous"
 
 
+@pytest.mark.parametrize("dim,dim_v,dtype", STRUCTURES, ids=lambda x: str(x))
+def test_varlen_kernels_build(dim, dim_v, dtype):
+    """Packed (varlen) batches: the same builders with ``varlen=True`` (sequence offsets and
+    lengths as kernel arguments; row-guarded stores), forward and default backward."""
+    from flashtile.kernels.launch import backward_kernels, forward_kernel
+
+    src = forward_kernel(dim, dim_v, dtype, has_sinks=True, has_softcap=False, varlen=True).get_kernel_source()
+    _assert_hopper(src, f"varlen fwd d={dim}/{dim_v} {dtype}")
+    for name in ("CuQ", "LenK", "int max_q"):
+        assert name in src, f"varlen fwd: {name} should be a kernel argument"
+    _, main, _ = backward_kernels(dim, dim_v, dtype, has_softcap=False, has_dlse=False, deterministic=False, varlen=True)
+    src = main.get_kernel_source()
+    _assert_hopper(src, f"varlen bwd d={dim}/{dim_v} {dtype}")
+    assert "tma_store_add" in src, "varlen backward should reduce dQ with TMA reduce-add"
+
+
+@pytest.mark.parametrize("dim,dim_v,has_softcap", [(128, 128, False), (128, 128, True), (256, 256, False)])
+def test_varlen_deterministic_and_softcap_build(dim, dim_v, has_softcap):
+    from flashtile.kernels.launch import backward_kernels, forward_kernel
+
+    if has_softcap:
+        _assert_hopper(forward_kernel(dim, dim_v, "bfloat16", False, True, varlen=True).get_kernel_source(), "varlen fwd softcap")
+    _, main, dq = backward_kernels(dim, dim_v, "bfloat16", has_softcap, has_dlse=True, deterministic=True, varlen=True)
+    for what, k in (("dkdv", main), ("dq", dq)):
+        src = k.get_kernel_source()
+        _assert_hopper(src, f"varlen deterministic {what}")
+        assert "tma_store_add" not in src and "AtomicAdd" not in src, f"varlen deterministic {what} uses atomics"
+
+
 def test_symbolic_shapes_are_not_specialised():
     """Batch, lengths and head counts are kernel arguments, not constants baked into the code."""
-    from flashtile.kernels.fwd import get_forward_kernel
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
     src = get_forward_kernel(128, 128, "bfloat16", False, False).get_kernel_source()
     for name in ("int B", "int Sq", "int Sk", "int H", "int Hkv", "int left", "int right"):
@@ -127,11 +156,11 @@ def _ptxas_report(src: str, tmp_path) -> str:
 
 def _overlapped_kernel(which: str, has_softcap: bool):
     if which.startswith("fwd"):  # "fwd" at d=128, "fwd256" at d=256
-        from flashtile.kernels.fwd import get_forward_kernel
+        from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
         dim = int(which[3:] or 128)
         return get_forward_kernel(dim, dim, "bfloat16", True, has_softcap)
-    from flashtile.kernels.bwd import get_backward_kernels
+    from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
     if which == "dq":  # the deterministic mode's dQ kernel
         return get_backward_kernels(128, 128, "bfloat16", has_softcap, False, True)[2]

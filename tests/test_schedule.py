@@ -62,7 +62,7 @@ def test_tile_pairs_cover_every_query_tile_once_with_balanced_causal_work(n_qb, 
     (head, batch, query block) is a real tile of exactly one item, and under a causal mask
     (block bx sees n_qb - bx key blocks) every item but an odd row's middle one holds
     n_qb + 1 blocks."""
-    from flashtile.kernels.fwd_ws import tile_pair
+    from flashtile.kernels.schedule import tile_pair
 
     pairs = (n_qb + 1) // 2
     seen = []

@@ -1,21 +1,24 @@
 """Kernel registry: what the TileLang kernels cover, and the CUDA entry points.
 
-``forward``/``backward`` are called by ``flashtile.ops`` for CUDA tensors.  A case no kernel
-covers raises ``NotImplementedError`` naming it; there is no silent fallback to a slow path.
+``forward``/``backward`` (dense batches) and ``varlen_forward``/``varlen_backward`` (packed
+batches) are called by ``flashtile.ops`` and ``flashtile.varlen`` for CUDA tensors: they
+check coverage, prepare the tensors (contiguous, aligned, head dims padded to the kernel's)
+and hand them to the one launcher, ``launch.py``.  A case no kernel covers raises
+``NotImplementedError`` naming it; there is no silent fallback to a slow path.
+
+Module map: ``configs`` (tiles, which builder), ``target`` (arch, pass configs, SM count),
+``launch`` (choice, scalars, launch), ``seqinfo`` (where a batch entry's rows sit),
+``masks`` (every mask), ``schedule`` (CTA -> tile), ``softmax`` (online softmax),
+``pipeline`` (the hand-written kernels' K/V loader), builders ``fwd``/``fwd_ws``/``bwd``/
+``bwd_ws``, ``cache`` (compile once per structure), ``precompile``, ``debug``.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import configs
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)  # a driver query: once per device, not per call
+from .target import capability as _capability
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -26,7 +29,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str
     if major != 9:
         return f"GPU {torch.cuda.get_device_name(q.device)} (sm_{major}{minor}); kernels are built for Hopper (sm_90)"
     # Kernels index with 32-bit integers (TileLang's default); larger tensors would overflow.
-    out_numel = q.shape[0] * q.shape[1] * q.shape[2] * v.shape[-1]
+    out_numel = q.numel() // max(q.shape[-1], 1) * v.shape[-1]
     for name, numel in (("q", q.numel()), ("k", k.numel()), ("v", v.numel()), ("out", out_numel)):
         if numel >= 2**31:
             return f"{name} with 2^31 or more elements (kernels index with 32 bits; split the batch)"
@@ -56,8 +59,8 @@ def _require(q, k, v) -> None:
 
 
 def forward(q, k, v, sinks, softmax_scale, window, softcap):
-    """(out, lse) on CUDA; see ``fwd.launch_forward``."""
-    from .fwd import launch_forward
+    """(out, lse) on CUDA; see ``launch.launch_forward``."""
+    from .launch import launch_forward
 
     _require(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
@@ -68,8 +71,8 @@ def forward(q, k, v, sinks, softmax_scale, window, softcap):
 
 
 def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
-    """(dq, dk, dv, dsinks or None) on CUDA; see ``bwd.launch_backward``."""
-    from .bwd import launch_backward
+    """(dq, dk, dv, dsinks or None) on CUDA; see ``launch.launch_backward``."""
+    from .launch import launch_backward
 
     _require(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
@@ -78,4 +81,48 @@ def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softca
         _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
     )
     dq, dk, dv_, dsinks = launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic)
+    return dq[..., :d], dk[..., :d], dv_[..., :dv], dsinks
+
+
+def _packed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+    """The launcher's ``Packed``: int32 offsets and the lengths each sequence uses."""
+    from .launch import Packed
+
+    def prep(x):
+        return x.to(device=q.device, dtype=torch.int32).contiguous()
+
+    cu_q, cu_k = prep(cu_seqlens_q), prep(cu_seqlens_k)
+    lens_q = prep(seqused_q) if seqused_q is not None else (cu_q[1:] - cu_q[:-1]).contiguous()
+    lens_k = prep(seqused_k) if seqused_k is not None else (cu_k[1:] - cu_k[:-1]).contiguous()
+    return Packed(cu_q, cu_k, lens_q, lens_k, int(max_seqlen_q), int(max_seqlen_k), seqused_q is None, seqused_k is None)
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                   sinks, softmax_scale, window, softcap):
+    """(out (total_q, H, Dv), lse (H, total_q) float32) on CUDA for a packed batch."""
+    from .launch import launch_forward
+
+    _require(q, k, v)
+    d, dv = q.shape[-1], v.shape[-1]
+    dp, dvp = configs.kernel_headdims(d, dv, "fwd")
+    q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
+    packed = _packed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed)
+    return out[..., :dv], lse
+
+
+def varlen_backward(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                    max_seqlen_q, max_seqlen_k, sinks, softmax_scale, window, softcap, deterministic):
+    """(dq, dk, dv, dsinks or None) on CUDA for a packed batch."""
+    from .launch import launch_backward
+
+    _require(q, k, v)
+    d, dv = q.shape[-1], v.shape[-1]
+    dp, dvp = configs.kernel_headdims(d, dv, "bwd")
+    dout, q, k, v, out = _prepare(
+        _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
+    )
+    packed = _packed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    dq, dk, dv_, dsinks = launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap,
+                                          deterministic, packed)
     return dq[..., :d], dk[..., :d], dv_[..., :dv], dsinks

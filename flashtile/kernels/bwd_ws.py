@@ -38,11 +38,12 @@ overwrites the half its partner's dQ GEMM still reads.
 import tilelang
 import tilelang.language as T
 
+from . import seqinfo
 from .bwd import dkdv_prim_func, dq_prim_func, query_step, score_gradients
-from .fwd import PASS_CONFIGS, TARGET
-from .masks import block_fully_visible, query_block_range, query_tile
-from .ring import CONSUMERS_SYNC, WS_PASS_CONFIGS, kv_ring_barriers, kv_ring_producer
+from .masks import TileMask, block_fully_visible, query_block_range, query_tile
+from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import grouped_tile
+from .target import PASS_CONFIGS, TARGET, WS_PASS_CONFIGS
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
 FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
@@ -55,6 +56,7 @@ def attention_bwd_dkdv_ws(
     dtype: str,
     has_softcap: bool,
     with_dq: bool,
+    varlen: bool = False,
     block_n: int = 128,
     block_m: int = 64,
     num_stages: int = 2,
@@ -63,7 +65,6 @@ def attention_bwd_dkdv_ws(
 ):
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
-    shapes = B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
     loader_end, writer_end = threads + 32, threads + 64  # producer warps 0 and 1
@@ -71,9 +72,11 @@ def attention_bwd_dkdv_ws(
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.macro
-    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group):
-        with T.Kernel(T.ceildiv(Sk, block_n) * Hkv * B, threads=total) as cta:
-            block, row = grouped_tile(cta, T.ceildiv(Sk, block_n), Hkv * B, rows_per_group)
+    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
+        H, Hkv = Q.shape[2], K.shape[2]
+        key_blocks = T.ceildiv(seqs.max_k, block_n)
+        with T.Kernel(key_blocks * Hkv * seqs.batch, threads=total) as cta:
+            block, row = grouped_tile(cta, key_blocks, Hkv * seqs.batch, rows_per_group)
             # In registers: as expressions (divisions by a runtime group size) they are
             # re-derived at every use, and nvcc took 3.6x longer over this kernel at d=64.
             bx = T.alloc_var(T.int32, init=block)
@@ -109,13 +112,14 @@ def attention_bwd_dkdv_ws(
             tx = T.get_thread_binding()
             n0 = bx * block_n
             groups = H // Hkv
-            off = Sk - Sq
-            qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, Sq, Sk, left, right)
+            seq = seqs.of(b)
+            mask = TileMask(seq, left, right)
+            qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
             n_steps = groups * n_qblocks
             n_pairs = T.ceildiv(n_steps, 2)
 
-            T.tma_copy(K[b, n0 : n0 + block_n, hk, :], k_s, barrier=bar_kv)
-            T.tma_copy(V[b, n0 : n0 + block_n, hk, :], v_s, barrier=bar_kv)
+            T.tma_copy(seq.k_rows(K, n0, block_n, hk), k_s, barrier=bar_kv)
+            T.tma_copy(seq.k_rows(V, n0, block_n, hk), v_s, barrier=bar_kv)
             T.barrier_arrive(bar_kv)
 
             if tx >= threads:
@@ -128,12 +132,12 @@ def attention_bwd_dkdv_ws(
                             if t < n_steps:
                                 h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
                                 T.barrier_wait(q_empty[st], (i & 1) ^ 1)
-                                T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s[st, :, :], barrier=q_full[st])
-                                T.tma_copy(LSE2[b, h, m0 : m0 + block_m], lse_s[st * block_m : (st + 1) * block_m], barrier=q_full[st])
+                                T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s[st, :, :], barrier=q_full[st])
+                                T.tma_copy(seq.stat(LSE2, h, m0, block_m), lse_s[st * block_m : (st + 1) * block_m], barrier=q_full[st])
                                 T.barrier_arrive(q_full[st])
                                 T.barrier_wait(do_empty[st], (i & 1) ^ 1)
-                                T.tma_copy(dO[b, m0 : m0 + block_m, h, :], do_s[st, :, :], barrier=do_full[st])
-                                T.tma_copy(Delta[b, h, m0 : m0 + block_m], delta_s[st * block_m : (st + 1) * block_m], barrier=do_full[st])
+                                T.tma_copy(seq.q_rows(dO, m0, block_m, h), do_s[st, :, :], barrier=do_full[st])
+                                T.tma_copy(seq.stat(Delta, h, m0, block_m), delta_s[st * block_m : (st + 1) * block_m], barrier=do_full[st])
                                 T.barrier_arrive(do_full[st])
                 elif with_dq and tx < writer_end:
                     for i in T.serial(n_pairs):
@@ -143,7 +147,8 @@ def attention_bwd_dkdv_ws(
                                 h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
                                 T.barrier_wait(dq_full, st)  # one use per step: parity = t & 1
                                 # Issued and waited for (TMA has read dq_s) by the warp's first lane.
-                                T.atomic_add(dQacc[b, m0 : m0 + block_m, h, :], dq_s, use_tma=True)
+                                # Rows past a packed sequence's end add exact zeros (masked P).
+                                T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq_s, use_tma=True)
                                 if tx == writer_lane0:
                                     T.barrier_arrive(dq_empty)
             else:
@@ -162,9 +167,9 @@ def attention_bwd_dkdv_ws(
                             T.wgmma_gemm(v_s, do_s[st, :, :], dpT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                             T.wait_wgmma(1)
                             probabilities(sT, capT, lse_s, score_scale, cap_in, st * block_m)
-                            # Query rows past Sq are masked too (their lse/Delta are padding).
-                            interior = T.And(m0 + block_m <= Sq, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, off, Sk, left, right))
-                            keep_visible(sT, interior, m0, n0, off, Sk, left, right)
+                            # Query rows past the sequence are masked too (padding, or another sequence).
+                            interior = T.And(m0 + block_m <= seq.len_q, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, mask))
+                            keep_visible(sT, interior, m0, n0, mask)
                             T.wait_wgmma(0)
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
@@ -187,17 +192,21 @@ def attention_bwd_dkdv_ws(
                             T.barrier_arrive(q_empty[st])
                             T.barrier_arrive(do_empty[st])
 
-                # Both warpgroups' last GEMMs (dQ reads all of K) are done before K/V turn
-                # into the dK/dV staging tiles.
-                T.sync_threads(CONSUMERS_SYNC, threads)
-                T.copy(dk, k_s)
-                T.copy(dv, v_s)
-                T.fence_proxy_async()
-                T.sync_threads(CONSUMERS_SYNC, threads)
-                T.copy(k_s, dK[b, n0 : n0 + block_n, hk, :])
-                T.copy(v_s, dV[b, n0 : n0 + block_n, hk, :])
+                if varlen:  # row-guarded stores straight from registers
+                    seqinfo.store_k_tile(seq, dk, k_s, dK, n0, block_n, hk, dim)
+                    seqinfo.store_k_tile(seq, dv, v_s, dV, n0, block_n, hk, dim_v)
+                else:
+                    # Both warpgroups' last GEMMs (dQ reads all of K) are done before K/V turn
+                    # into the dK/dV staging tiles.
+                    T.sync_threads(CONSUMERS_SYNC, threads)
+                    T.copy(dk, k_s)
+                    T.copy(dv, v_s)
+                    T.fence_proxy_async()
+                    T.sync_threads(CONSUMERS_SYNC, threads)
+                    T.copy(k_s, seq.k_rows(dK, n0, block_n, hk))
+                    T.copy(v_s, seq.k_rows(dV, n0, block_n, hk))
 
-    return dkdv_prim_func(shapes, dim, dim_v, dtype, kernel)
+    return dkdv_prim_func(dim, dim_v, dtype, varlen, kernel)
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -206,6 +215,7 @@ def attention_bwd_dq_ws(
     dim_v: int,
     dtype: str,
     has_softcap: bool,
+    varlen: bool = False,
     block_m: int = 128,
     block_n: int = 64,
     num_stages: int = 2,
@@ -215,21 +225,21 @@ def attention_bwd_dq_ws(
 
     One CTA per (query block, head, batch) owns its dQ rows and walks the key blocks in order,
     so the sum is fixed.  Q and dO stay in shared memory; a producer warpgroup streams K and V
-    through the two-stage ring of ``ring.py``.  Each consumer warpgroup (64 query rows) runs,
+    through the two-stage K/V pipeline of ``pipeline.py``.  Each consumer warpgroup (64 query rows) runs,
     per key block: S = Q K^T and dP = dO V^T issued together, P under dP, then
     dQ += dS K with dS straight from registers (no shared-memory round trip, no consumer
     barrier: the two warpgroups run free of each other and fill each other's gaps).
     """
     assert (block_m, num_stages, threads) == (128, 2, 256), "the hand-written ring is 2 stages, 2 consumer warpgroups"
-    shapes = B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
     acc = T.float32
     total = threads + 128
     probabilities, score_grad, keep_visible = score_gradients(block_m, block_n, False, has_softcap)
-    load_kv = kv_ring_producer(block_n)
+    load_kv = kv_pipeline_producer(block_n)
 
     @T.macro
-    def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right):
-        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
+    def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs):
+        H, Hkv = Q.shape[2], K.shape[2]
+        with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=total) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)  # holds dQ for the store at the end
             do_s = T.alloc_shared([block_m, dim_v], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
@@ -243,24 +253,25 @@ def attention_bwd_dq_ws(
             cap = T.alloc_fragment([block_m, block_n], acc) if has_softcap else None
 
             bar_qdo = T.alloc_barrier(arrive_count=total)
-            k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
+            k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
 
             tx = T.get_thread_binding()
-            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
+            seq = seqs.of(b)
+            mask = TileMask(seq, left, right)
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask)
             hk = h // (H // Hkv)
-            off = Sk - Sq
 
-            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_qdo)
-            T.tma_copy(dO[b, m0 : m0 + block_m, h, :], do_s, barrier=bar_qdo)
+            T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s, barrier=bar_qdo)
+            T.tma_copy(seq.q_rows(dO, m0, block_m, h), do_s, barrier=bar_qdo)
             T.barrier_arrive(bar_qdo)
 
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, b)
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, seq)
             else:  # two consumer warpgroups
                 T.set_max_nreg(240, 1)
-                T.copy(LSE2[b, h, m0 : m0 + block_m], lse)
-                T.copy(Delta[b, h, m0 : m0 + block_m], delta)
+                T.copy(seq.stat(LSE2, h, m0, block_m), lse)
+                T.copy(seq.stat(Delta, h, m0, block_m), delta)
                 T.clear(dq)
                 T.barrier_wait(bar_qdo, 0)
                 for i in T.serial(T.ceildiv(n_blocks, 2)):
@@ -274,7 +285,7 @@ def attention_bwd_dq_ws(
                             T.wgmma_gemm(do_s, v_s[st, :, :], dp, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                             T.wait_wgmma(1)
                             probabilities(s, cap, lse, score_scale, cap_in)
-                            keep_visible(s, block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right), m0, n0, off, Sk, left, right)
+                            keep_visible(s, block_fully_visible(last_row, n0, n0 + block_n - 1, m0, mask), m0, n0, mask)
                             T.wait_wgmma(0)
                             T.barrier_arrive(v_empty[st])
                             score_grad(ds, s, dp, delta, cap, sm_scale)
@@ -282,7 +293,6 @@ def attention_bwd_dq_ws(
                             T.wait_wgmma(0)
                             T.barrier_arrive(k_empty[st])
 
-                T.copy(dq, q_s)
-                T.copy(q_s, dQ[b, m0 : m0 + block_m, h, :])
+                seqinfo.store_q_tile(seq, dq, q_s, dQ, m0, block_m, h, dim)
 
-    return dq_prim_func(shapes, dim, dim_v, dtype, kernel)
+    return dq_prim_func(dim, dim_v, dtype, varlen, kernel)

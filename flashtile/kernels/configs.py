@@ -1,12 +1,17 @@
 """Tile configurations: the one table that says which tiles each kernel runs with.
 
-Keyed by (pass, arch, head dim bucket, dtype, mask kind).  Everything about tile choice lives
-here; the builders take the numbers as arguments and the launchers ask ``fwd_config`` /
-``bwd_config``.  Numbers come from measurements on the device (``benchmarks/NOTES.md``).
+Keyed by (pass, head dim bucket, dense or packed batch; arch, dtype and mask kind where a
+measurement asked for it: today one architecture, sm_90a, and no dtype or mask kind has
+measured a different best tile).  Everything about tile choice lives here; the builders take
+the numbers as arguments and the launcher (``launch.py``) asks ``fwd_config`` /
+``bwd_config`` / ``bwd_dq_config``.  Each config names the builder it runs with
+(``Config.builder``, resolved by ``builder``).  Numbers come from measurements on the device
+(``benchmarks/NOTES.md``).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -37,6 +42,13 @@ class FwdConfig:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
+    @property
+    def builder(self) -> str:
+        if not self.manual_ws:
+            return "fwd.attention_fwd_kernel"
+        # Two compilations of one builder (see fwd_ws.py's end).
+        return "fwd_ws.attention_fwd_ws_tile_kernel" if self.tiles_per_cta == 1 else "fwd_ws.attention_fwd_ws_kernel"
+
 
 @dataclass(frozen=True)
 class BwdConfig:
@@ -50,6 +62,10 @@ class BwdConfig:
     def as_kwargs(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "manual_ws"}
 
+    @property
+    def builder(self) -> str:
+        return "bwd_ws.attention_bwd_dkdv_ws" if self.manual_ws else "bwd.attention_bwd_dkdv"
+
 
 @dataclass(frozen=True)
 class DqConfig:
@@ -61,6 +77,17 @@ class DqConfig:
 
     def as_kwargs(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "manual_ws"}
+
+    @property
+    def builder(self) -> str:
+        return "bwd_ws.attention_bwd_dq_ws" if self.manual_ws else "bwd.attention_bwd_dq"
+
+
+def builder(config):
+    """The ``@tilelang.jit`` builder a config names (``"module.function"`` in this package),
+    imported on first use."""
+    module, name = config.builder.split(".")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
 # Tuning hook (benchmarks/tune.py): pass name -> config that replaces the table's answer.
@@ -87,12 +114,18 @@ def mask_kind(window: tuple[int, int]) -> str:
     return "full" if window == (-1, -1) else "local"
 
 
-def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str) -> FwdConfig:
+def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool = False) -> FwdConfig:
     """Forward tiles.  128 query rows = two consumer warpgroups of 64 rows each; the key
     block shrinks with the head dim so K/V stages plus the output tile fit in 228 KB of
-    shared memory and S/P plus O fit in the register file."""
+    shared memory and S/P plus O fit in the register file.  Packed (``varlen``) batches run
+    one tile per CTA: the persistent walk pairs mirror blocks of a row and needs every row's
+    block count, which a packed batch only has on the device."""
     if "fwd" in overrides:
         return overrides["fwd"]
+    if varlen:
+        from dataclasses import replace
+
+        return replace(fwd_config(dim, dim_v, dtype, kind), tiles_per_cta=1)
     widest = max(dim, dim_v)
     if widest <= 64:
         # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short

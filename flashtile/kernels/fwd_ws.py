@@ -32,10 +32,13 @@ with ``WS_PASS_CONFIGS``); the one-tile schedule keeps TileLang's sync pass.
 import tilelang
 import tilelang.language as T
 
-from .fwd import PASS_CONFIGS, TARGET, forward_prim_func
-from .masks import pipelined_trips, query_tile
-from .ring import CONSUMERS_SYNC, WS_PASS_CONFIGS, kv_ring_barriers, kv_ring_producer
+from . import seqinfo
+from .fwd import forward_prim_func
+from .masks import TileMask, pipelined_trips, query_tile
+from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
+from .schedule import tile_pair
 from .softmax import online_softmax, tile_fragments
+from .target import PASS_CONFIGS, TARGET, WS_PASS_CONFIGS
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
 
@@ -46,7 +49,6 @@ TURN_BARRIER = 9
 # Registers per thread (setmaxnreg) by consumer warpgroup count: the producer keeps 24 and
 # the consumers split the rest of the 64K-entry register file.
 CONSUMER_REGS = {2: 240, 3: 160}
-MAX_CTAS = 132  # persistent grid: one CTA per SM of an H100/H200 (a smaller GPU queues the rest)
 
 
 def gemm_turns(pingpong: bool, n_wg: int):
@@ -72,20 +74,6 @@ def gemm_turns(pingpong: bool, n_wg: int):
     return take_turn, pass_turn
 
 
-def tile_pair(item, half, n_qb, pairs, H):
-    """Query tile ``half`` (0 or 1) of work item ``item``: (h, b, bx, real).
-
-    An item is a pair of query blocks of one (batch, head) row: ``bx`` and its mirror
-    ``n_qb - 1 - bx`` (``bx`` in ``query_tile``'s longest-first numbering), so under a causal
-    mask every item holds about the same number of key blocks and a static round robin over
-    items stays balanced.  ``real`` is false for the mirror of the middle block of an odd row.
-    """
-    pair = item % pairs
-    row = item // pairs
-    mirror = n_qb - 1 - pair
-    return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
-
-
 def fwd_ws_prim_func(
     dim: int,
     dim_v: int,
@@ -98,18 +86,21 @@ def fwd_ws_prim_func(
     threads: int = 256,
     pingpong: bool = False,
     tiles_per_cta: int = 1,
+    varlen: bool = False,
+    num_sms: int = 132,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``, plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
-    1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (one CTA per SM walks
-    all pairs)."""
+    1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (``num_sms`` CTAs, one
+    per SM of the device, walk all pairs).  Packed (``varlen``) batches take the one-tile
+    schedule: the pairs mirror blocks of one row, which needs every row's block count."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
-    shapes = B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
+    assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
-    load_kv = kv_ring_producer(block_n)
+    load_kv = kv_pipeline_producer(block_n)
     take_turn, pass_turn = gemm_turns(pingpong, n_wg)
 
     @T.macro
@@ -119,9 +110,9 @@ def fwd_ws_prim_func(
 
     @T.macro
     def block_steps(q_tile, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty,
-                    wg, kb_lo, trips, phase, m0, last_row, off, Sk, left, right, score_scale, cap_in):
+                    wg, kb_lo, trips, phase, m0, last_row, mask, score_scale, cap_in):
         """Key blocks 1 .. trips - 1 of a tile whose block 0 is done (its P in ``p``)."""
-        mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
+        mask_args = (m0, last_row, mask, score_scale, cap_in)
         # Blocks t >= 1, two per trip so that ring stages are compile-time
         # indices: K_t sits in stage 1 - st, V_{t-1} in stage st.  Every
         # wgmma retires inside the trip (no wait behind a branch), or ptxas
@@ -148,19 +139,21 @@ def fwd_ws_prim_func(
                         rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
 
     @T.macro
-    def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, b):
-        """Normalise and store one tile's output (through ``o_s``, by TMA) and log-sum-exp."""
+    def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, seq):
+        """Normalise and store one tile's output (through ``o_s``, by TMA) and log-sum-exp
+        (the paired schedule: dense batches only)."""
         finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)
         T.sync_threads(CONSUMERS_SYNC, threads)  # the last TMA store has read o_s
         T.copy(o, o_s)
         T.fence_proxy_async()
         T.sync_threads(CONSUMERS_SYNC, threads)  # all of o_s written
-        T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
-        T.copy(lse, LSE[b, h, m0 : m0 + block_m])
+        T.copy(o_s, seq.q_rows(O, m0, block_m, h))
+        T.copy(lse, seq.stat(LSE, h, m0, block_m))
 
     @T.macro
-    def one_tile_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
-        with T.Kernel(T.ceildiv(Sq, block_m), H, B, threads=total) as (bx, h, b):
+    def one_tile_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
+        H, Hkv = Q.shape[2], K.shape[2]
+        with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=total) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
             v_s = T.alloc_shared([2, block_n, dim_v], dtype)
@@ -168,18 +161,20 @@ def fwd_ws_prim_func(
             o_s = q_s if dim_v == dim else T.alloc_shared([block_m, dim_v], dtype)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
             bar_q = T.alloc_barrier(arrive_count=total)
-            k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
+            k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
 
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
-            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, Sq, Sk, left, right)
-            mask_args = (m0, last_row, Sk - Sq, Sk, left, right, score_scale, cap_in)
+            seq = seqs.of(b)
+            mask = TileMask(seq, left, right)
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask)
+            mask_args = (m0, last_row, mask, score_scale, cap_in)
             # Q's load starts before the register hand-over (setmaxnreg) the consumers wait for.
-            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s, barrier=bar_q)
+            T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s, barrier=bar_q)
             T.barrier_arrive(bar_q)
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), b)
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), seq)
             else:  # consumer warpgroups
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)
@@ -210,16 +205,16 @@ def fwd_ws_prim_func(
                             T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
                             T.wait_wgmma(0)
                 finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale)
-                T.copy(o, o_s)  # TileLang's sync pass orders this (PASS_CONFIGS)
-                T.copy(o_s, O[b, m0 : m0 + block_m, h, :])
-                T.copy(lse, LSE[b, h, m0 : m0 + block_m])
+                # Dense: through o_s by TMA, ordered by TileLang's sync pass (PASS_CONFIGS).
+                seqinfo.store_q_tile(seq, o, o_s, O, m0, block_m, h, dim_v, lse, LSE)
 
     @T.macro
-    def paired_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right):
-        n_qb = T.ceildiv(Sq, block_m)
+    def paired_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
+        H, Hkv = Q.shape[2], K.shape[2]
+        n_qb = T.ceildiv(seqs.max_q, block_m)
         pairs = T.ceildiv(n_qb, 2)
-        n_items = pairs * H * B
-        grid = T.min(n_items, MAX_CTAS) if tiles_per_cta == 0 else n_items
+        n_items = pairs * H * seqs.batch
+        grid = T.min(n_items, num_sms) if tiles_per_cta == 0 else n_items
         with T.Kernel(grid, threads=total) as cta:
             # Two Q buffers: the next tile's Q loads while this tile's last GEMMs read its own.
             q_s = T.alloc_shared([2, block_m, dim], dtype)
@@ -232,7 +227,7 @@ def fwd_ws_prim_func(
 
             q_full = T.alloc_barrier(arrive_count=[128, 128])
             q_empty = T.alloc_barrier(arrive_count=[threads, threads])
-            k_full, v_full, k_empty, v_empty = kv_ring_barriers(threads)
+            k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
             # Every tile uses both ring stages ceil(trips / 2) times (an odd tile pads stage 1
             # with an empty turn), so each tile starts on stage 0 and stage indices stay
             # compile-time constants; ``phase`` carries the barriers' parity across tiles.
@@ -252,7 +247,6 @@ def fwd_ws_prim_func(
 
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
-            off = Sk - Sq
             groups = H // Hkv
 
             if tx >= threads:  # producer
@@ -261,17 +255,19 @@ def fwd_ws_prim_func(
                     for half in T.serial(2):
                         h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
                         tile_bx = bx
+                        seq = seqs.of(b)
+                        mask = TileMask(seq, left, right)
                         if real:
-                            m0_e, kb_lo_e, n_blocks, _ = query_tile(tile_bx, block_m, block_n, Sq, Sk, left, right)
+                            m0_e, kb_lo_e, n_blocks, _ = query_tile(tile_bx, block_m, block_n, mask)
                             tile_m0 = m0_e
                             tile_kb_lo = kb_lo_e
                             tile_trips = pipelined_trips(n_blocks)  # a tile that sees no key takes one masked trip
                             m0, kb_lo, trips = tile_m0, tile_kb_lo, tile_trips
                             slot = tiles % 2
                             T.barrier_wait(q_empty[slot], ((tiles // 2) & 1) ^ 1)
-                            T.tma_copy(Q[b, m0 : m0 + block_m, h, :], q_s[slot, :, :], barrier=q_full[slot])
+                            T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s[slot, :, :], barrier=q_full[slot])
                             T.barrier_arrive(q_full[slot])
-                            load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, h // groups, b, phase)
+                            load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, h // groups, seq, phase)
                             if trips % 2 == 1:  # stage 1's empty turn
                                 T.barrier_wait(k_empty[1], ((trips // 2) & 1) ^ 1 ^ phase)
                                 T.barrier_arrive(k_full[1])
@@ -292,8 +288,10 @@ def fwd_ws_prim_func(
                     for half in T.serial(2):
                         h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
                         tile_bx = bx
+                        seq = seqs.of(b)
+                        mask = TileMask(seq, left, right)
                         if real:
-                            m0_e, kb_lo_e, n_blocks, last_row_e = query_tile(tile_bx, block_m, block_n, Sq, Sk, left, right)
+                            m0_e, kb_lo_e, n_blocks, last_row_e = query_tile(tile_bx, block_m, block_n, mask)
                             tile_m0 = m0_e
                             tile_kb_lo = kb_lo_e
                             tile_last_row = last_row_e
@@ -301,7 +299,7 @@ def fwd_ws_prim_func(
                             # receives as arguments (TileLang 0.1.15 drops the stores).
                             tile_trips = pipelined_trips(n_blocks)
                             m0, kb_lo, last_row, trips = tile_m0, tile_kb_lo, tile_last_row, tile_trips
-                            mask_args = (m0, last_row, off, Sk, left, right, score_scale, cap_in)
+                            mask_args = (m0, last_row, mask, score_scale, cap_in)
                             slot = tiles % 2
                             T.barrier_wait(q_full[slot], (tiles // 2) & 1)
                             T.barrier_wait(k_full[0], phase)
@@ -323,7 +321,7 @@ def fwd_ws_prim_func(
                             T.wait_wgmma(0)
                             if tiles > 0:
                                 T.barrier_arrive(v_empty[prev_last % 2])
-                                epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, prev_b)
+                                epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
                             T.clear(o)
                             T.copy(s, p)
                             block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
@@ -350,9 +348,9 @@ def fwd_ws_prim_func(
                 pass_turn(wg)
                 T.wait_wgmma(0)
                 T.barrier_arrive(v_empty[prev_last % 2])
-                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, prev_b)
+                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
 
-    return forward_prim_func(shapes, dim, dim_v, dtype, one_tile_kernel if tiles_per_cta == 1 else paired_kernel)
+    return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel)
 
 
 # Two compilations of one builder.  The paired schedule orders its shared memory by hand

@@ -1,9 +1,11 @@
-"""Mask arithmetic shared by the forward and backward kernels (TileLang expressions).
+"""Mask arithmetic shared by every kernel (TileLang expressions), in one place.
 
-One mask covers every kind: with ``off = Sk - Sq``, row i sees key j when
-``i + off - left <= j <= i + off + right`` and ``j < Sk``.  The host passes ``UNBOUNDED`` for
-a side the user left at -1 and ``right = 0`` for causal, so full, causal, sliding-window and
-causal+window attention are the same kernel with different runtime numbers.
+One mask covers every kind: with ``off = len_k - len_q`` of the tile's sequence
+(``seqinfo.Sequence``), row i sees key j when ``i + off - left <= j <= i + off + right`` and
+``j < len_k``.  The host passes ``UNBOUNDED`` for a side the user left at -1 and ``right = 0``
+for causal, so full, causal, sliding-window and causal+window attention are the same kernel
+with different runtime numbers.  In a packed (varlen) batch rows past ``len_q`` hold the next
+sequence's queries, so there the row is checked too (``Sequence.rows_checked``).
 """
 
 from __future__ import annotations
@@ -20,29 +22,42 @@ def host_window(window: tuple[int, int]) -> tuple[int, int]:
     return (UNBOUNDED if left < 0 else left), (UNBOUNDED if right < 0 else right)
 
 
-def visible(row, col, off, Sk, left, right):
-    """Key ``col`` is visible to query ``row`` (absolute indices)."""
-    return T.And(T.And(col < Sk, col <= row + off + right), col >= row + off - left)
+class TileMask:
+    """A tile's mask, built once per tile and read-only: its sequence (``seqinfo.Sequence``:
+    lengths, ``off``, whether rows need checking) and the kernel window bounds."""
+
+    def __init__(self, seq, left, right):
+        self.seq, self.left, self.right = seq, left, right
 
 
-def block_fully_visible(last_row, col_lo, col_hi, m0, off, Sk, left, right):
+def visible(row, col, mask):
+    """Key ``col`` is visible to query ``row`` (indices within the tile's sequence)."""
+    seq, left, right = mask.seq, mask.left, mask.right
+    seen = T.And(T.And(col < seq.len_k, col <= row + seq.off + right), col >= row + seq.off - left)
+    return T.And(seen, row < seq.len_q) if seq.rows_checked else seen
+
+
+def block_fully_visible(last_row, col_lo, col_hi, m0, mask):
     """Every key in [col_lo, col_hi] is visible to every query row in [m0, last_row].
 
     Such interior blocks skip the mask; only boundary blocks pay for the elementwise select.
     """
-    return T.And(T.And(col_hi < Sk, col_hi <= m0 + off + right), col_lo >= last_row + off - left)
+    seq, left, right = mask.seq, mask.left, mask.right
+    off = seq.off
+    return T.And(T.And(col_hi < seq.len_k, col_hi <= m0 + off + right), col_lo >= last_row + off - left)
 
 
-def key_block_range(m0, block_m, block_n, Sq, Sk, left, right):
+def key_block_range(m0, block_m, block_n, mask):
     """Key blocks that query rows [m0, m0 + block_m) can see: (first block, count, last row).
 
     Blocks left of the window's start or right of its end hold no visible key and are
     skipped, which is what makes causal and windowed attention proportionally cheaper.
     """
-    off = Sk - Sq
-    last_row = T.min(m0 + block_m, Sq) - 1
+    seq, left, right = mask.seq, mask.left, mask.right
+    off = seq.off
+    last_row = T.min(m0 + block_m, seq.len_q) - 1
     lo = T.max(0, m0 + off - left) // block_n
-    hi = T.min(T.ceildiv(Sk, block_n), T.ceildiv(T.max(0, last_row + off + right + 1), block_n))
+    hi = T.min(T.ceildiv(seq.len_k, block_n), T.ceildiv(T.max(0, last_row + off + right + 1), block_n))
     return lo, T.max(hi - lo, 0), last_row
 
 
@@ -59,20 +74,36 @@ def pipelined_trips(n_blocks):
     return T.max(n_blocks, 1)
 
 
-def query_tile(bx, block_m, block_n, Sq, Sk, left, right):
+def query_tile(bx, block_m, block_n, mask):
     """Query block of CTA ``bx`` and the key blocks it visits: (m0, kb_lo, n_blocks, last_row).
 
     Query blocks run last-first: under a causal mask the last blocks have the most keys, and
-    starting the longest CTAs first balances the tail of the grid.
+    starting the longest CTAs first balances the tail of the grid.  In a packed batch the grid
+    covers the longest sequence; a CTA past its own sequence's blocks gets ``m0 = len_q``
+    rounded up (no row to write) and no key block.
     """
-    m0 = (T.ceildiv(Sq, block_m) - 1 - bx) * block_m
-    return (m0, *key_block_range(m0, block_m, block_n, Sq, Sk, left, right))
+    seq = mask.seq
+    n_qb = T.ceildiv(seq.len_q, block_m)
+    m0 = (n_qb - 1 - bx) * block_m
+    if seq.varlen:
+        live = bx < n_qb
+        m0 = T.if_then_else(live, m0, n_qb * block_m)
+        kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, mask)
+        return m0, kb_lo, T.if_then_else(live, n_blocks, 0), last_row
+    return (m0, *key_block_range(m0, block_m, block_n, mask))
 
 
-def query_block_range(n0, block_n, block_m, Sq, Sk, left, right):
-    """Query blocks whose rows can see keys [n0, n0 + block_n): (first block, count, last key)."""
-    off = Sk - Sq
-    last_col = T.min(n0 + block_n, Sk) - 1
+def query_block_range(n0, block_n, block_m, mask):
+    """Query blocks whose rows can see keys [n0, n0 + block_n): (first block, count, last key).
+
+    In a packed batch a key block past its sequence's end (the grid covers the longest
+    sequence) sees no query."""
+    seq, left, right = mask.seq, mask.left, mask.right
+    off = seq.off
+    last_col = T.min(n0 + block_n, seq.len_k) - 1
     lo = T.max(0, n0 - off - right) // block_m
-    hi = T.min(T.ceildiv(Sq, block_m), T.ceildiv(T.max(0, last_col - off + left + 1), block_m))
-    return lo, T.max(hi - lo, 0), last_col
+    hi = T.min(T.ceildiv(seq.len_q, block_m), T.ceildiv(T.max(0, last_col - off + left + 1), block_m))
+    count = T.max(hi - lo, 0)
+    if seq.varlen:
+        count = T.if_then_else(n0 < seq.len_k, count, 0)
+    return lo, count, last_col

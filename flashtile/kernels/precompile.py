@@ -20,29 +20,32 @@ from . import configs
 FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, True), "both": (True, True)}
 
 
-PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse")  # bwd-lse: the backward when lse gets a gradient
+# bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches.
+PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse")
 
 
 def structures(headdims, dtypes, features, passes=PASSES):
     """Yield (pass, kwargs) for every requested static structure (user head dims are mapped to
     the kernel head dims that serve them, ``configs.kernel_headdim``)."""
     for (d, dv), dtype, feat, p in itertools.product(headdims, dtypes, features, passes):
-        dim, dim_v = configs.kernel_headdims(d, dv, "fwd" if p == "fwd" else "bwd")
+        varlen = p.startswith("v")
+        base = p.removeprefix("v")
+        dim, dim_v = configs.kernel_headdims(d, dv, "fwd" if base == "fwd" else "bwd")
         has_sinks, has_softcap = FEATURES[feat]
-        if p == "fwd":
-            yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
+        if base == "fwd":
+            yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
         elif not has_sinks:  # sinks do not change the backward kernels
             yield p, dict(
-                dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=p == "bwd-lse", deterministic=p == "bwd-det"
+                dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=base == "bwd-lse",
+                deterministic=base == "bwd-det", varlen=varlen,
             )
 
 
 def build(p: str, kwargs: dict) -> str:
-    from .bwd import get_backward_kernels
-    from .fwd import get_forward_kernel
+    from .launch import backward_kernels, forward_kernel
 
     t = time.time()
-    get_forward_kernel(**kwargs) if p == "fwd" else get_backward_kernels(**kwargs)
+    forward_kernel(**kwargs) if p.endswith("fwd") else backward_kernels(**kwargs)
     return f"{p:8s} {kwargs} {time.time() - t:.1f}s"
 
 
@@ -51,7 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--headdim", nargs="*", default=None, help="e.g. 128 or 192/128 (default: the table's)")
     ap.add_argument("--dtype", nargs="*", default=["bfloat16", "float16"])
     ap.add_argument("--features", nargs="*", default=list(FEATURES), choices=list(FEATURES))
-    ap.add_argument("--passes", nargs="*", default=list(PASSES), choices=list(PASSES))
+    ap.add_argument("--passes", nargs="*", default=list(PASSES[:4]), choices=list(PASSES))
     ap.add_argument("--jobs", type=int, default=1, help="parallel compile processes (each fills the disk cache)")
     args = ap.parse_args(argv)
     if args.headdim:

@@ -1,4 +1,10 @@
-"""Launch order of tiles (TileLang expressions): which tile a CTA index stands for.
+"""The tile schedulers (TileLang expressions): which tile a CTA index stands for.
+
+Grids: the forward and the deterministic dQ kernel launch (query block, head, batch) with the
+query blocks longest-first (``masks.query_tile``); the dK/dV kernels launch key blocks in
+``grouped_tile`` order; the persistent forward walks ``tile_pair`` items.  Packed (varlen)
+batches size the grid by the longest sequence and give blocks past a sequence's end no work.
+
 
 The GPU starts CTAs roughly in index order, so the order decides two things that pull
 against each other:
@@ -28,3 +34,17 @@ def grouped_tile(index, n_blocks, n_rows, rows_per_group):
     within = index % span
     rows_here = T.min(rows_per_group, n_rows - group * rows_per_group)  # the last group may be short
     return within // rows_here, group * rows_per_group + within % rows_here
+
+
+def tile_pair(item, half, n_qb, pairs, H):
+    """Query tile ``half`` (0 or 1) of work item ``item``: (h, b, bx, real).
+
+    An item is a pair of query blocks of one (batch, head) row: ``bx`` and its mirror
+    ``n_qb - 1 - bx`` (``bx`` in ``query_tile``'s longest-first numbering), so under a causal
+    mask every item holds about the same number of key blocks and a static round robin over
+    items stays balanced.  ``real`` is false for the mirror of the middle block of an odd row.
+    """
+    pair = item % pairs
+    row = item // pairs
+    mirror = n_qb - 1 - pair
+    return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)

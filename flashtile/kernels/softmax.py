@@ -31,9 +31,9 @@ def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
 def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool):
     """(update, finish) macros for one tile shape.
 
-    ``update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, off, Sk, left, right,
-    score_scale, cap_in)``: scores of key block ``n0`` in ``s`` -> exp2 weights in ``s`` (the
-    caller casts them to P); masks only when the block is not fully visible.
+    ``update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale,
+    cap_in)``: scores of key block ``n0`` in ``s`` -> exp2 weights in ``s`` (the caller casts
+    them to P); masks (``masks.TileMask``) only when the block is not fully visible.
 
     ``finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)``: folds in the sink
     logit (natural-log units, read only with sinks), normalises ``o`` and writes the natural-log
@@ -43,13 +43,13 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
     neg_inf = -T.infinity(acc)
 
     @T.macro
-    def update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, off, Sk, left, right, score_scale, cap_in):
+    def update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in):
         if has_softcap:
             for i, j in T.Parallel(block_m, block_n):
                 s[i, j] = T.tanh(s[i, j] * cap_in)
-        if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, off, Sk, left, right):
+        if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, mask):
             for i, j in T.Parallel(block_m, block_n):
-                s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, off, Sk, left, right), s[i, j], neg_inf)
+                s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, mask), s[i, j], neg_inf)
         T.copy(m, m_prev)
         T.reduce_max(s, m, dim=1, clear=False)
         for i in T.Parallel(block_m):

@@ -1,0 +1,196 @@
+"""The one launcher: kernel choice by architecture and config, scalar setup, launch.
+
+Builder modules (``fwd``, ``fwd_ws``, ``bwd``, ``bwd_ws``) only build PrimFuncs; this module
+picks the builder and tiles from ``configs``, compiles through ``cache``, turns the user's
+options into the kernels' scalars and launches.  Dense and packed (varlen) batches go through
+the same functions: ``packed`` is None for a dense batch, else a ``Packed`` describing the
+sequences (``seqinfo`` is its in-kernel side).
+
+Tensors arrive prepared by ``flashtile.kernels`` (contiguous, 16-byte aligned, head dims
+padded to the kernel's): dense q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); packed
+q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import cache, configs, debug, target
+from .masks import host_window
+from .softmax import LOG2E
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A packed batch on the host: ``cu_q``/``cu_k`` (batch + 1,) int32 row offsets,
+    ``lens_q``/``lens_k`` (batch,) int32 lengths used (``seqused`` or the offsets'
+    differences), ``max_q``/``max_k`` ints bounding every length.  ``all_q_used`` /
+    ``all_k_used``: no ``seqused`` leaves rows out, so the kernels write every output row."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    lens_q: torch.Tensor
+    lens_k: torch.Tensor
+    max_q: int
+    max_k: int
+    all_q_used: bool = True
+    all_k_used: bool = True
+
+    @property
+    def batch(self) -> int:
+        return self.lens_q.shape[0]
+
+    def tensors(self) -> tuple:
+        return self.cu_q, self.cu_k, self.lens_q, self.lens_k
+
+    def used_q_rows(self, total_q: int) -> torch.Tensor:
+        """(total_q,) bool: the query rows some sequence uses."""
+        rows = torch.arange(total_q, device=self.cu_q.device, dtype=torch.int32)
+        seq = torch.searchsorted(self.cu_q[1:].contiguous(), rows, right=True).clamp_(max=max(self.batch - 1, 0))
+        return (rows - self.cu_q[seq]) < self.lens_q[seq]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _scores(softmax_scale: float, softcap: float) -> tuple[float, float]:
+    """(score_scale, cap_in): log2(e) folded into the scale, or into the softcap."""
+    if softcap > 0:
+        return softcap * LOG2E, softmax_scale / softcap
+    return softmax_scale * LOG2E, 0.0
+
+
+# --- forward --------------------------------------------------------------------------------
+
+
+def forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool, window=(-1, -1),
+                   varlen: bool = False, num_sms: int = 132):
+    """The compiled forward for one static structure (tiles and builder from ``configs.fwd_config``)."""
+    cfg = configs.fwd_config(dim, dim_v, dtype, configs.mask_kind(window), varlen)
+    static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
+    if cfg.manual_ws and cfg.tiles_per_cta != 1:
+        static["num_sms"] = num_sms
+    return cache.get(configs.builder(cfg), cfg, **static)
+
+
+def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float,
+                   packed: Optional[Packed] = None):
+    """(out, lse): dense out (B, Sq, H, Dv), lse (B, H, Sq); packed out (total_q, H, Dv),
+    lse (H, total_q); float32 natural-log lse."""
+    h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    out = debug.new_output((*q.shape[:-1], dv), q.dtype, q.device)
+    lse = debug.new_output((h, q.shape[0]) if packed else (q.shape[0], h, q.shape[1]), torch.float32, q.device)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    sk = k.shape[0] if packed else k.shape[1]
+    if packed is not None and not packed.all_q_used:  # rows no sequence uses: 0 and -inf
+        out.zero_()
+        lse.fill_(float("-inf"))
+    if sk == 0:  # nothing to attend to: zeros, and lse = sink (or -inf)
+        out.zero_()
+        if packed is None:
+            lse.copy_(sinks.float()[None, :, None].expand_as(lse) if sinks is not None else torch.full_like(lse, float("-inf")))
+        else:
+            lse.copy_(sinks.float()[:, None].expand_as(lse) if sinks is not None else torch.full_like(lse, float("-inf")))
+            lse.masked_fill_(~packed.used_q_rows(q.shape[0])[None, :], float("-inf"))
+        return out, lse
+    if packed is not None and (packed.batch == 0 or packed.max_q == 0):
+        return out, lse
+    kernel = forward_kernel(d, dv, _dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
+                            target.sm_count(q.device))
+    sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, q.device)
+    left, right = host_window(window)
+    scalars = (*_scores(softmax_scale, softcap), left, right)
+    if packed is None:
+        kernel(q, k, v, out, lse, sinks32, *scalars)
+    else:
+        kernel(q[None], k[None], v[None], out[None], lse[None], sinks32, *packed.tensors(), *scalars, packed.max_q, packed.max_k)
+    return out, lse
+
+
+# --- backward -------------------------------------------------------------------------------
+
+
+def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool,
+                     window=(-1, -1), varlen: bool = False):
+    """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure."""
+    from .bwd_preprocess import attention_bwd_preprocess
+
+    prep = cache.get(attention_bwd_preprocess, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
+    static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
+    cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window), has_softcap)
+    main = cache.get(configs.builder(cfg), cfg, with_dq=not deterministic, **static)
+    dq = None
+    if deterministic:
+        dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype, has_softcap)
+        dq = cache.get(configs.builder(dq_cfg), dq_cfg, **static)
+    return prep, main, dq
+
+
+def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic,
+                    packed: Optional[Packed] = None):
+    """(dq, dk, dv in the input dtype, dsinks (H,) in sinks' dtype or None).
+
+    Shapes as in ``launch_forward``; ``dlse`` shaped like ``lse`` or None.  A packed batch's
+    rows that no sequence uses (``seqused``) get zero gradients."""
+    h, d, dv_ = q.shape[-2], q.shape[-1], v.shape[-1]
+    hkv = k.shape[-2]
+    dtype = _dtype_name(q.dtype)
+    # Rows a packed batch's seqused leaves out get no kernel write: zeros for them.
+    partial_q = packed is not None and not packed.all_q_used
+    partial_k = packed is not None and not packed.all_k_used
+    dq = torch.zeros_like(q) if partial_q else debug.new_output(q.shape, q.dtype, q.device)
+    dk = torch.zeros_like(k) if partial_k else debug.new_output(k.shape, k.dtype, k.device)
+    dv = torch.zeros_like(v) if partial_k else debug.new_output(v.shape, v.dtype, v.device)
+    lse = lse.contiguous()
+    # As 4-D dense tensors with a leading 1 for a packed batch, as the kernels take them.
+    lead = (lambda x: x[None]) if packed is not None else (lambda x: x)
+    b = 1 if packed is not None else q.shape[0]
+    sq = q.shape[0] if packed is not None else q.shape[1]
+    sk = k.shape[0] if packed is not None else k.shape[1]
+
+    empty = sq == 0 or sk == 0 or b == 0 or h == 0 or (packed is not None and (packed.batch == 0 or packed.max_q == 0 or packed.max_k == 0))
+    if empty:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        dsinks = None if sinks is None else torch.zeros_like(sinks)
+        return dq, dk, dv, dsinks
+
+    delta = torch.empty(b, h, (sq + 3) // 4 * 4, dtype=torch.float32, device=q.device)  # rows 16-byte aligned
+    lse2 = torch.empty_like(delta)
+    varlen = packed is not None
+    prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen)
+    prep(lead(out), lead(dout), lead(lse), lead(dlse.contiguous() if dlse is not None else lse), delta, lse2)
+
+    left, right = host_window(window)
+    score_scale, cap_in = _scores(softmax_scale, softcap)
+    scalars = (score_scale, softmax_scale, cap_in, left, right)
+    kind = configs.mask_kind(window)
+    max_k = packed.max_k if varlen else sk
+    key_blocks = -(-max_k // configs.bwd_config(d, dv_, dtype, kind, softcap > 0).block_n)
+    batch = packed.batch if varlen else b
+    rows = configs.dkdv_rows_per_group(kind, h // hkv, batch * hkv, key_blocks, target.sm_count(q.device))
+    seq_args = packed.tensors() if varlen else ()
+    max_args = (packed.max_q, packed.max_k) if varlen else ()
+    tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)
+    if deterministic:
+        dq_acc = torch.empty(*lead(q).shape, dtype=torch.float32, device=q.device)  # not touched
+        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *seq_args, *scalars, rows, *max_args)
+        dq_kernel(*tensors, lead(dq), *seq_args, *scalars, *max_args)
+    else:
+        dq_acc = torch.zeros(*lead(q).shape, dtype=torch.float32, device=q.device)
+        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *seq_args, *scalars, rows, *max_args)
+        lead(dq).copy_(dq_acc)  # postprocess: fp32 accumulator -> input dtype
+
+    dsinks = None
+    if sinks is not None:
+        # Rows no key and no sink reach carry lse = -inf only where no sink exists; rows a
+        # packed batch leaves unused carry -inf with sinks too, and contribute nothing.
+        lse3 = lse.reshape(b, h, sq)
+        weight = torch.exp(sinks.float()[None, :, None] - lse3)
+        weight = torch.where(torch.isinf(lse3), 0.0, weight) if varlen else weight
+        dsinks = (-(weight * delta[:, :, :sq])).sum(dim=(0, 2)).to(sinks.dtype)
+    return dq, dk, dv, dsinks

@@ -1,0 +1,37 @@
+"""What the kernels are built for and run on: architecture, compiler pass configs, SM count.
+
+Builders import their target and pass configs from here; launchers ask ``sm_count`` for
+persistent grids and launch orders (never a hard-coded 132).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tilelang
+
+from .configs import ARCH
+
+TARGET = {"kind": "cuda", "arch": ARCH}
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+# Every shared-memory hand-over in the hand-written kernels is ordered by an mbarrier or by a
+# named consumer barrier.  TileLang's sync insertion is switched off for them: it adds
+# conservative consumer-wide barriers (three per step in the dK/dV kernel), and inside a
+# persistent tile loop it cannot place them at all ("divergent region" error).
+WS_PASS_CONFIGS = {**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
+
+
+@functools.cache
+def sm_count(device) -> int:
+    """Streaming multiprocessors of ``device`` (132 on an H100 SXM / H200)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def capability(device) -> tuple[int, int]:
+    """(major, minor) compute capability: a driver query, once per device."""
+    import torch
+
+    return torch.cuda.get_device_capability(device)
