@@ -39,7 +39,7 @@ _COMMON = dict(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-settings.register_profile("ci", max_examples=30, derandomize=True, database=None, **_COMMON)
+settings.register_profile("ci", max_examples=60, derandomize=True, database=None, **_COMMON)
 settings.register_profile("nightly", max_examples=3000, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
