@@ -45,8 +45,16 @@ CASES = {
     "window_wide_causal_zigzag": (1, 64, 2, 2, 8, 8, True, (40, -1), True, 1.5, "zigzag", True),
     "window_zero_zigzag": (1, 64, 2, 2, 8, 8, False, (0, 0), False, 0.0, "zigzag", False),
 }
-CASES_8 = ["causal_zigzag", "sinks_causal_zigzag_lse", "window_causal_zigzag_skips", "full_contiguous"]
-WORLDS = {2: list(CASES), 4: list(CASES), 8: CASES_8}
+# Packed sequences: name -> (global lengths, nheads, nheads_kv, d, d_v, causal, sinks, softcap, layout, return_lse)
+VARLEN_CASES = {
+    "varlen_causal_zigzag_gqa_sinks_lse": ([16, 48, 32], 4, 2, 8, 8, True, True, 0.0, "zigzag", True),
+    "varlen_full_contiguous_softcap_dv": ([32, 16, 48], 2, 1, 8, 12, False, False, 2.0, "contiguous", False),
+    "varlen_causal_contiguous": ([48, 16], 2, 2, 8, 8, True, False, 0.0, "contiguous", True),
+    "varlen_full_zigzag": ([16, 64], 2, 2, 8, 8, False, True, 0.0, "zigzag", False),
+}
+CASES_8 = ["causal_zigzag", "sinks_causal_zigzag_lse", "window_causal_zigzag_skips", "full_contiguous",
+           "varlen_causal_zigzag_gqa_sinks_lse"]
+WORLDS = {2: list(CASES) + list(VARLEN_CASES), 4: list(CASES) + list(VARLEN_CASES), 8: CASES_8}
 
 
 def _inputs(case: str):
@@ -62,7 +70,62 @@ def _inputs(case: str):
     return q, k, v, dout, dlse, sinks, kw, layout, return_lse
 
 
+def _check_into(errors: list):
+    def check(name, got, want):
+        if got.shape != want.shape:
+            errors.append(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+            return
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        if not err <= TOL:
+            errors.append(f"{name}: max abs err {err:.3e} > {TOL}")
+
+    return check
+
+
+def _run_varlen_case(case: str, group, rank: int, world: int) -> list[str]:
+    import flashtile
+    from flashtile.distributed import ring_flash_attn_varlen_func, shard_varlen
+
+    lens, h, hkv, d, dv, causal, use_sinks, softcap, layout, return_lse = VARLEN_CASES[case]
+    g = torch.Generator().manual_seed(sum(map(ord, case)))
+    t = sum(lens)
+    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    q, k, v = (torch.randn(t, n, e, generator=g, dtype=torch.float64) for n, e in ((h, d), (hkv, d), (hkv, dv)))
+    dout = torch.randn(t, h, dv, generator=g, dtype=torch.float64)
+    dlse = torch.randn(h, t, generator=g, dtype=torch.float64)
+    sinks = torch.randn(h, generator=g, dtype=torch.float64) if use_sinks else None
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)] + ([sinks.clone().requires_grad_()] if use_sinks else [])
+    out, lse = flashtile.flash_attn_varlen_func(
+        *leaves[:3], cu, cu, max(lens), max(lens), causal=causal, softcap=softcap, sinks=leaves[3] if use_sinks else None, return_lse=True
+    )
+    ref_grads = torch.autograd.grad((out * dout).sum() + ((lse * dlse).sum() if return_lse else 0), leaves)
+
+    def sh(x, dim=0):
+        return shard_varlen(x, cu, world, rank, dim=dim, layout=layout)
+
+    mine = [sh(x).requires_grad_() for x in (q, k, v)] + ([sinks.clone().requires_grad_()] if use_sinks else [])
+    res = ring_flash_attn_varlen_func(
+        *mine[:3], cu // world, max(lens) // world, group=group, causal=causal, softcap=softcap,
+        sinks=mine[3] if use_sinks else None, return_lse=return_lse, layout=layout,
+    )
+    out_r, lse_r = res if return_lse else (res, None)
+    loss = (out_r * sh(dout)).sum() + ((lse_r * sh(dlse, 1)).sum() if return_lse else 0)
+    grads = torch.autograd.grad(loss, mine)
+    errors: list = []
+    check = _check_into(errors)
+    check("out", out_r, sh(out.detach()))
+    if return_lse:
+        check("lse", lse_r, sh(lse.detach(), 1))
+    for name, got, want in zip(("dq", "dk", "dv"), grads[:3], ref_grads[:3]):
+        check(name, got, sh(want))
+    if use_sinks:
+        check("dsinks", grads[3], ref_grads[3])
+    return errors
+
+
 def _run_case(case: str, group, rank: int, world: int) -> list[str]:
+    if case in VARLEN_CASES:
+        return _run_varlen_case(case, group, rank, world)
     import flashtile
     from flashtile.distributed import ring_flash_attn_func, unshard_gather
 
@@ -83,16 +146,8 @@ def _run_case(case: str, group, rank: int, world: int) -> list[str]:
     loss_r = (out_r * sh(dout)).sum() + ((lse_r * sh(dlse, 2)).sum() if return_lse else 0)
     grads = torch.autograd.grad(loss_r, mine)
 
-    errors = []
-
-    def check(name, got, want):
-        if got.shape != want.shape:
-            errors.append(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
-            return
-        err = (got - want).abs().max().item() if got.numel() else 0.0
-        if not err <= TOL:
-            errors.append(f"{name}: max abs err {err:.3e} > {TOL}")
-
+    errors: list = []
+    check = _check_into(errors)
     check("out", out_r, sh(out.detach()))
     if return_lse:
         check("lse", lse_r, sh(lse.detach(), 2))
@@ -280,3 +335,42 @@ def test_cli_has_cp_subcommand():
 
     args = build_parser().parse_args(["cp", "--seqlens", "32k,128k", "--device", "cpu"])
     assert args.seqlens == [32768, 131072] and args.command == "cp"
+
+
+def test_varlen_plan_is_the_dense_plan_scaled():
+    """Packed sequences share one plan per step (causal or full): at every local length the
+    dense plan's mask equals the unit plan scaled to that length."""
+    from flashtile.distributed.ring_attention import _varlen_plan, _varlen_unit
+
+    for layout in ("zigzag", "contiguous"):
+        unit = _varlen_unit(layout)
+        for world in (1, 2, 3, 4):
+            for left, right in ((-1, -1), (-1, 0)):
+                for n in (2, 4, 6, 10, 16):
+                    s = n * world
+                    truth = visible_mask(torch.arange(s), s, s, (left, right))
+                    truth = torch.ones(s, s, dtype=torch.bool) if truth is None else truth
+                    for rank in range(world):
+                        for src in range(world):
+                            m = torch.zeros(n, n, dtype=torch.int)
+                            for p in _varlen_plan(world, rank, src, layout, left, right):
+                                a, b, c, d = (x * n // unit for x in (p.q0, p.q1, p.k0, p.k1))
+                                vis = visible_mask(torch.arange(b - a), d - c, b - a, (p.left, p.right))
+                                m[a:b, c:d] += 1 if vis is None else vis.int()
+                            want = truth[positions(n, world, rank, layout)][:, positions(n, world, src, layout)]
+                            assert torch.equal(m, want.int()), (layout, world, left, right, n, rank, src)
+
+
+def test_varlen_shard_round_trip_and_refusals():
+    from flashtile.distributed import ring_flash_attn_varlen_func, shard_varlen, unshard_varlen
+
+    cu = torch.tensor([0, 16, 16, 48], dtype=torch.int32)
+    x = torch.randn(48, 2, 3)
+    for layout in ("zigzag", "contiguous"):
+        shards = [shard_varlen(x, cu, 4, r, layout=layout) for r in range(4)]
+        assert torch.equal(unshard_varlen(shards, cu, layout=layout), x)
+    q = torch.randn(12, 2, 8)
+    with pytest.raises(NotImplementedError, match="sliding windows"):
+        ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 12], dtype=torch.int32), 12, window_size=(4, 0))
+    with pytest.raises(ValueError, match="even local"):
+        ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 5, 12], dtype=torch.int32), 7)

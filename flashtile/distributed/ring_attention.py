@@ -258,12 +258,13 @@ def _merge_into(out_acc: Tensor, lse_acc: Tensor, out_p: Tensor, lse_p: Tensor) 
     """In place: (out_acc, lse_acc) <- exact softmax merge with a partial (out_p, lse_p).
 
     Weights exp(lse_x - lse_new) lie in [0, 1]; rows where both are -inf stay 0 / -inf.
+    Dense: out (B, S, H, D), lse (B, H, S); packed: out (T, H, D), lse (H, T).
     """
     lse_p = lse_p.to(lse_acc.dtype)
     new = torch.logaddexp(lse_acc, lse_p)
     safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
-    w_old = torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
-    w_new = torch.exp(lse_p - safe).transpose(1, 2).unsqueeze(-1)
+    w_old = torch.exp(lse_acc - safe).transpose(-1, -2).unsqueeze(-1)
+    w_new = torch.exp(lse_p - safe).transpose(-1, -2).unsqueeze(-1)
     out_acc.mul_(w_old).add_(out_p.to(out_acc.dtype) * w_new)
     lse_acc.copy_(new)
 
@@ -296,12 +297,32 @@ def _ring_forward(q, k, v, sinks, group, rank, world, scale, left, right, softca
         out_acc = q.new_zeros(b, n, h, v.shape[-1], dtype=acc)
         lse_acc = q.new_full((b, h, n), -math.inf, dtype=acc)
     if sinks is not None:
-        sink = sinks.to(acc)[None, :, None]
-        lse_new = torch.logaddexp(lse_acc, sink)
-        safe = torch.where(torch.isfinite(lse_new), lse_new, torch.zeros_like(lse_new))
-        out_acc = out_acc * torch.exp(lse_acc - safe).transpose(1, 2).unsqueeze(-1)
-        lse_acc = lse_new
+        out_acc, lse_acc = _fold_sinks(out_acc, lse_acc, sinks)
     return out_acc.to(q.dtype), lse_acc
+
+
+def _fold_sinks(out_acc: Tensor, lse_acc: Tensor, sinks: Tensor):
+    """A sink takes softmax mass once per row: lse <- logaddexp(lse, sink), out rescaled."""
+    sink = sinks.to(lse_acc.dtype)[:, None]  # (H, 1): broadcasts over (B, H, S) and (H, T)
+    lse_new = torch.logaddexp(lse_acc, sink)
+    safe = torch.where(torch.isfinite(lse_new), lse_new, torch.zeros_like(lse_new))
+    return out_acc * torch.exp(lse_acc - safe).transpose(-1, -2).unsqueeze(-1), lse_new
+
+
+def _dsinks(dout, dlse, out, lse, sinks, group, world, acc):
+    """-sum exp(sink - lse) * Delta over this rank's rows, all-reduced over the ring."""
+    delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(-1, -2)  # lse's layout
+    if dlse is not None:
+        delta = delta - dlse.to(acc)
+    finite = torch.isfinite(lse)
+    sigma = torch.exp(sinks.to(acc)[:, None] - torch.where(finite, lse, torch.zeros_like(lse)))
+    sigma = torch.where(finite, sigma, torch.zeros_like(sigma))
+    dsinks = -(sigma * delta).sum(dim=-1)
+    if dsinks.dim() == 2:
+        dsinks = dsinks.sum(0)
+    if world > 1:
+        dist.all_reduce(dsinks, group=group)
+    return dsinks.to(sinks.dtype)
 
 
 def _ring_backward(dout, dlse, q, k, v, out, lse, sinks, group, rank, world, scale, left, right, softcap, deterministic, layout):
@@ -365,17 +386,7 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, sinks, group, rank, world, sca
     if world > 1:
         d_ring.wait()
     dk, dv = d_next
-    dsinks = None
-    if sinks is not None:
-        delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # (b, h, n)
-        if dlse is not None:
-            delta = delta - dlse.to(acc)
-        finite = torch.isfinite(lse)
-        sigma = torch.where(finite, torch.exp(sinks.to(acc)[None, :, None] - torch.where(finite, lse, torch.zeros_like(lse))), torch.zeros_like(lse))
-        dsinks = -(sigma * delta).sum(dim=(0, 2))
-        if world > 1:
-            dist.all_reduce(dsinks, group=group)
-        dsinks = dsinks.to(sinks.dtype)
+    dsinks = None if sinks is None else _dsinks(dout, dlse, out, lse, sinks, group, world, acc)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 
@@ -446,5 +457,238 @@ def ring_flash_attn_func(
     left, right = normalize_window(causal, window_size)
     out, lse = _RingAttention.apply(
         q, k, v, sinks, group, float(softmax_scale), left, right, float(softcap), bool(deterministic), layout
+    )
+    return (out, lse) if return_lse else out
+
+
+# --- packed (varlen) sequences -----------------------------------------------------------------
+#
+# Every packed sequence is sharded on its own with the same layout (zigzag: each sequence cut
+# into 2W chunks, rank r holds chunks r and 2W-1-r of every sequence), so all sequences of a
+# ring step share one plan, in units of half a local sequence (zigzag) or a whole one
+# (contiguous).  A piece that is not whole sequences gathers its rows into a packed copy.
+
+
+def _varlen_unit(layout: str) -> int:
+    return 2 if layout == "zigzag" else 1
+
+
+_CANON = 8  # a local length long enough that no masked piece degenerates to a single row
+
+
+@functools.lru_cache(maxsize=1024)
+def _varlen_plan(world: int, rank: int, src: int, layout: str, left: int, right: int) -> tuple[Piece, ...]:
+    """``plan`` in units of 1 / ``_varlen_unit`` of every local sequence.  For causal or full
+    attention the plan of any local length is the same up to scale (a test checks it), so it is
+    computed once at a canonical length and its boundaries expressed in units."""
+    unit = _varlen_unit(layout)
+    step = _CANON // unit
+    pieces = plan(_CANON, world, rank, src, layout, left, right)
+    assert all(b % step == 0 for p in pieces for b in (p.q0, p.q1, p.k0, p.k1)), pieces
+    return tuple(Piece(p.q0 // step, p.q1 // step, p.k0 // step, p.k1 // step, p.left, p.right) for p in pieces)
+
+
+class _PackedRows:
+    """Rows [a, b) (in units) of every local sequence: gather index, cu_seqlens, max length."""
+
+    def __init__(self, lens: list[int], unit: int, device):
+        self.lens, self.unit, self.device = lens, unit, device
+        self.starts = [0]
+        for n in lens:
+            self.starts.append(self.starts[-1] + n)
+        self._cache: dict = {}
+
+    def __call__(self, a: int, b: int):
+        if (a, b) not in self._cache:
+            parts, cu = [], [0]
+            for s, n in zip(self.starts, self.lens):
+                lo, hi = s + a * n // self.unit, s + b * n // self.unit
+                parts.append(torch.arange(lo, hi))
+                cu.append(cu[-1] + hi - lo)
+            whole = (a, b) == (0, self.unit)
+            idx = None if whole else torch.cat(parts).to(self.device)
+            mx = max((b - a) * n // self.unit for n in self.lens) if self.lens else 0
+            self._cache[(a, b)] = (idx, torch.tensor(cu, dtype=torch.int32, device=self.device), mx)
+        return self._cache[(a, b)]
+
+
+def _take(x: Tensor, idx: Optional[Tensor], dim: int = 0) -> Tensor:
+    return x if idx is None else x.index_select(dim, idx)
+
+
+def _varlen_opts(cu_q, cu_k, mq, mk, scale, left, right, softcap, deterministic):
+    from ..varlen import Options
+
+    return Options(cu_q, cu_k, None, None, mq, mk, None, scale, left, right, softcap, deterministic)
+
+
+def _varlen_step_fwd(q, k, v, o):
+    from .. import varlen
+
+    if q.device.type in ("cpu", "cuda") and _ops._plain_eager(q, k, v):
+        return varlen._fwd_impl(q, k, v, o)
+    return torch.ops.flashtile.varlen_fwd(q, k, v, *o)
+
+
+def _varlen_step_bwd(dout, dlse, q, k, v, out, lse, o):
+    from .. import varlen
+
+    with torch.no_grad():
+        if q.device.type in ("cpu", "cuda") and _ops._plain_eager(dout, dlse, q, k, v, out, lse):
+            dq, dk, dv, _ = varlen._bwd_impl(dout, dlse, q, k, v, out, lse, o)
+        else:
+            dq, dk, dv, _ = torch.ops.flashtile.varlen_bwd(dout, dlse, q, k, v, out, lse, *o)
+    return dq, dk, dv
+
+
+def _varlen_ring_forward(q, k, v, sinks, lens, group, rank, world, scale, left, right, softcap, deterministic, layout):
+    t, h, _ = q.shape
+    acc = accum_dtype(q.dtype)
+    rows = _PackedRows(lens, _varlen_unit(layout), q.device)
+    ring = _Ring(group, rank, world, 0) if world > 1 else None
+    out_acc = q.new_zeros(t, h, v.shape[-1], dtype=acc)
+    lse_acc = q.new_full((h, t), -math.inf, dtype=acc)
+    kk, vv = k, v
+    for step in range(world):
+        if step + 1 < world:
+            nxt = ring.start([kk, vv], (0, 1))
+        src = (rank - step) % world
+        for p in _varlen_plan(world, rank, src, layout, left, right):
+            qi, cu_q, mq = rows(p.q0, p.q1)
+            ki, cu_k, mk = rows(p.k0, p.k1)
+            o = _varlen_opts(cu_q, cu_k, mq, mk, scale, p.left, p.right, softcap, deterministic)
+            out_p, lse_p = _varlen_step_fwd(_take(q, qi), _take(kk, ki), _take(vv, ki), o)
+            if qi is None:
+                _merge_into(out_acc, lse_acc, out_p, lse_p)
+            else:
+                sub_o, sub_l = out_acc.index_select(0, qi), lse_acc.index_select(1, qi)
+                _merge_into(sub_o, sub_l, out_p, lse_p)
+                out_acc.index_copy_(0, qi, sub_o)
+                lse_acc.index_copy_(1, qi, sub_l)
+        if step + 1 < world:
+            ring.wait()
+            kk, vv = nxt
+    if sinks is not None:
+        out_acc, lse_acc = _fold_sinks(out_acc, lse_acc, sinks)
+    return out_acc.to(q.dtype), lse_acc
+
+
+def _varlen_ring_backward(dout, dlse, q, k, v, out, lse, sinks, lens, group, rank, world, scale, left, right, softcap, deterministic, layout):
+    acc = accum_dtype(q.dtype)
+    rows = _PackedRows(lens, _varlen_unit(layout), q.device)
+    kv_ring = _Ring(group, rank, world, 0) if world > 1 else None
+    d_ring = _Ring(group, rank, world, 1) if world > 1 else None
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    kk, vv = k, v
+    d_next = None
+    for step in range(world):
+        if step + 1 < world:
+            kv_next = kv_ring.start([kk, vv], (0, 1))
+        src = (rank - step) % world
+        dk_step = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv_step = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for p in _varlen_plan(world, rank, src, layout, left, right):
+            qi, cu_q, mq = rows(p.q0, p.q1)
+            ki, cu_k, mk = rows(p.k0, p.k1)
+            o = _varlen_opts(cu_q, cu_k, mq, mk, scale, p.left, p.right, softcap, deterministic)
+            dq_p, dk_p, dv_p = _varlen_step_bwd(
+                _take(dout, qi), None if dlse is None else _take(dlse, qi, 1).contiguous(), _take(q, qi),
+                _take(kk, ki), _take(vv, ki), _take(out, qi), _take(lse, qi, 1).contiguous(), o,
+            )
+            for acc_t, g, idx in ((dq, dq_p, qi), (dk_step, dk_p, ki), (dv_step, dv_p, ki)):
+                if idx is None:
+                    acc_t += g
+                else:
+                    acc_t.index_add_(0, idx, g.to(acc))
+        if world == 1:
+            d_next = (dk_step, dv_step)
+            break
+        if step > 0:
+            d_ring.wait()
+            dk_step += d_next[0]
+            dv_step += d_next[1]
+        d_next = d_ring.start([dk_step, dv_step], (2, 3))
+        if step + 1 < world:
+            kv_ring.wait()
+            kk, vv = kv_next
+    if world > 1:
+        d_ring.wait()
+    dk, dv = d_next
+    dsinks = None if sinks is None else _dsinks(dout, dlse, out, lse, sinks, group, world, acc)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+
+
+class _RingVarlenAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, lens, group, scale, left, right, softcap, deterministic, layout):
+        group, rank, world = _group_info(group)
+        args = (lens, group, rank, world, scale, left, right, softcap, deterministic, layout)
+        out, lse = _varlen_ring_forward(q, k, v, sinks, *args)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.args = args
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        dq, dk, dv, dsinks = _varlen_ring_backward(dout, dlse, q, k, v, out, lse, sinks, *ctx.args)
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None
+
+
+def ring_flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    group=None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    sinks: Optional[Tensor] = None,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    layout: str = "zigzag",
+):
+    """Ring attention over packed sequences: every sequence sharded across the ranks.
+
+    Args:
+        q: (total_local, nheads, headdim), k: (total_local, nheads_kv, headdim), v:
+            (total_local, nheads_kv, headdim_v): this rank's shard of every packed sequence,
+            back to back (``flashtile.distributed.shard_varlen`` cuts them).
+        cu_seqlens: int32 (batch + 1,): the *local* cumulative lengths (every sequence's
+            global length / world size; the same on every rank).  Zigzag needs even local
+            lengths.  max_seqlen: the largest local length.
+        causal, window_size: causal or full attention per sequence; sliding windows are not
+            supported here yet (``NotImplementedError``).
+        Other arguments as in ``ring_flash_attn_func``.
+
+    Returns:
+        out (total_local, nheads, headdim_v), or ``(out, lse)`` with lse (nheads, total_local).
+    """
+    from .. import varlen
+
+    varlen.validate(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale, window_size, softcap, sinks, None, None)
+    if layout not in LAYOUTS:
+        raise ValueError(f"ring_flash_attn_varlen_func: layout must be one of {LAYOUTS}, got {layout!r}")
+    left, right = normalize_window(causal, window_size)
+    if left != -1 or right not in (-1, 0):
+        raise NotImplementedError(
+            f"ring_flash_attn_varlen_func: sliding windows are not supported yet (window_size={tuple(window_size)}); "
+            "use causal or full attention, or ring_flash_attn_func for one sequence"
+        )
+    lens = [int(b) - int(a) for a, b in zip(cu_seqlens.tolist()[:-1], cu_seqlens.tolist()[1:])]
+    if sum(lens) != q.shape[0]:
+        raise ValueError(f"ring_flash_attn_varlen_func: cu_seqlens[-1] must be total_local = {q.shape[0]}, got {sum(lens)}")
+    unit = _varlen_unit(layout)
+    if any(n % unit for n in lens):
+        raise ValueError(f"ring_flash_attn_varlen_func: layout 'zigzag' needs even local sequence lengths, got {lens}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = _RingVarlenAttention.apply(
+        q, k, v, sinks, lens, group, float(softmax_scale), left, right, float(softcap), bool(deterministic), layout
     )
     return (out, lse) if return_lse else out

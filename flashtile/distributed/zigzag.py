@@ -79,3 +79,19 @@ def unshard_gather(x: torch.Tensor, group=None, dim: int = 1, layout: str = "zig
     bufs = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(bufs, x.contiguous(), group=group)
     return unshard(bufs, dim=dim, layout=layout)
+
+
+def shard_varlen(x: torch.Tensor, cu_seqlens, world_size: int, rank: int, dim: int = 0, layout: str = "zigzag") -> torch.Tensor:
+    """This rank's shard of every packed sequence of ``x`` (``cu_seqlens``: the global
+    cumulative lengths), back to back; the local cu_seqlens are ``cu_seqlens // world_size``."""
+    bounds = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    parts = [shard(x.narrow(dim, a, b - a), world_size, rank, dim=dim, layout=layout) for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(parts, dim=dim)
+
+
+def unshard_varlen(shards: Sequence[torch.Tensor], cu_seqlens, dim: int = 0, layout: str = "zigzag") -> torch.Tensor:
+    """Inverse of :func:`shard_varlen`, from the shards of ranks ``0..world_size-1``."""
+    w = len(shards)
+    bounds = [int(c) // w for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    seqs = [unshard([s.narrow(dim, a, b - a) for s in shards], dim=dim, layout=layout) for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(seqs, dim=dim)
