@@ -34,21 +34,35 @@ Argument mapping (transformers -> ``flash_attn_func``):
   ModernBERT passes ``config.sliding_window + 1`` for its symmetric window);
 - ``deterministic`` kwarg, else ``torch.are_deterministic_algorithms_enabled()``.
 
+Padded and packed batches run through ``flashtile.flash_attn_varlen_func``, as transformers'
+own flash-attention path does (``modeling_flash_attention_utils._flash_attention_forward``):
+
+- padding: the mask function returns the 2D padding mask (as transformers' flash mask does)
+  when it holds a 0; the attention function drops the pad tokens (left, right or both),
+  runs the real tokens as packed sequences and scatters the result back (pad rows output 0);
+- padding-free packing (``DataCollatorWithFlattening``): with ``cu_seq_lens_q/k`` and
+  ``max_length_q/k`` kwargs those are used directly; otherwise ``position_ids`` restarting
+  inside a row (any batch size; rows never attend to each other) split the tokens into
+  documents, each attended to on its own with its own causal / sliding-window mask.
+
 Refused with an error instead of being ignored:
 
-- padding: a 2D ``attention_mask`` containing a 0 (ValueError); flashtile has no varlen path
-  yet, so a padded batch would attend to pad tokens;
+- under ``torch.compile`` / ``torch.export``: padding, and packing given only by
+  ``position_ids`` (both need data-dependent shapes; pass ``cu_seq_lens_*`` kwargs for packing);
+- a padding mask with holes (zeros between real tokens) together with a sliding window (the
+  window would be measured over the compacted tokens);
 - any 4D mask that is not exactly the causal / sliding-window pattern computed here;
-- packed sequences (``position_ids`` restarting inside a row), block-wise / chunked patterns
-  beyond the chunk, custom ``or_mask_function`` / ``and_mask_function`` overlays, and mask
-  functions this module does not recognise (NotImplementedError);
-- KV caches whose keys include unfilled slots (static caches), paged caches, and
-  ``cu_seq_lens_*`` varlen kwargs (NotImplementedError);
+- block-wise / chunked patterns beyond the chunk, custom ``or_mask_function`` /
+  ``and_mask_function`` overlays, and mask functions this module does not recognise
+  (NotImplementedError);
+- KV caches whose keys include unfilled slots (static caches), paged caches, a partial set of
+  the ``cu_seq_lens_q/k``, ``max_length_q/k`` kwargs and the older ``cu_seqlens`` /
+  ``max_seqlen`` ones (NotImplementedError);
 - attention dropout > 0 while the module is training (NotImplementedError);
 - ``output_attentions=True`` (ValueError): flashtile never materialises the probabilities.
 
-Under ``torch.compile`` / ``torch.export`` the value checks (padding, packing, non-None
-masks) become ``torch._assert_async`` nodes, so they do not break the graph and still fail
+Under ``torch.compile`` / ``torch.export`` the value checks (padding and ``position_ids``
+packing, non-None masks) become ``torch._assert_async`` nodes, so they do not break the graph and still fail
 loudly at run time.
 """
 
@@ -62,6 +76,7 @@ import transformers
 from transformers import masking_utils
 
 from ..interface import flash_attn_func
+from ..varlen import flash_attn_varlen_func
 from ..reference import visible_mask
 
 __all__ = ["ATTN_IMPLEMENTATION", "register", "attention_forward", "attention_mask"]
@@ -156,7 +171,8 @@ def _unsupported(kind: str, fn) -> NotImplementedError:
         "blockwise": "block-wise masks (bidirectional blocks, e.g. over image tokens)",
         "or": "block-wise or custom (or_mask_function) mask overlays",
         "padding": "padding masks inside the mask function",
-        "packed": "packed sequences (position_ids restarting inside a row), which need a varlen kernel,",
+        "packed": "packed sequences given only by position_ids under torch.compile / torch.export (pass "
+        "cu_seq_lens_q/k and max_length_q/k kwargs, e.g. DataCollatorWithFlattening(return_flash_attn_kwargs=True))",
     }.get(kind, f"the mask function {getattr(fn, '__qualname__', fn)!r}")
     return NotImplementedError(
         f"flashtile: {what} are not supported; flashtile computes causal / sliding-window masks only; {_HINT}"
@@ -192,12 +208,11 @@ def _check_pattern(mask_function, kv_length, kv_offset, config, local_size, trac
             return
         raise _unsupported(kind, mask_function)
     for kind, fn in _walk(mask_function):
-        if kind in ("causal", "bidirectional", "and", "or", "sliding", "sliding_bidirectional", "packed_remap"):
-            continue  # "or" alone is harmless; what it combines is checked on its own
+        if kind in ("causal", "bidirectional", "and", "or", "sliding", "sliding_bidirectional", "packed", "packed_remap"):
+            continue  # "or" alone is harmless; what it combines is checked on its own; "packed": varlen
         if kind == "chunked":
             _check_chunk(config, kv_length + kv_offset)
             continue
-        # "packed": transformers adds it in eager mode only when position_ids really restart.
         raise _unsupported(kind, fn)
 
 
@@ -213,10 +228,12 @@ def attention_mask(
     config=None,
     **kwargs,
 ) -> None:
-    """transformers mask function for flashtile: validate, then return None (no mask tensor).
+    """transformers mask function for flashtile: validate, then return None, or the 2D padding
+    mask when the batch is padded (as transformers' ``flash_attention_mask`` does).
 
     flashtile derives the mask from ``is_causal`` / ``sliding_window`` in the attention call,
     so this only checks that the requested pattern is one of those and raises otherwise.
+    Padded batches run unpadded through ``flash_attn_varlen_func`` (``_attention_unpadded``).
     """
     if use_vmap:
         raise NotImplementedError(
@@ -242,13 +259,18 @@ def attention_mask(
             raise ValueError(
                 f"flashtile: expected a 2D padding mask (batch, seq), got shape {tuple(attention_mask.shape)}"
             )
-        _require_all(
-            attention_mask.bool(),
-            lambda: ValueError(
-                "flashtile: attention_mask contains padding (zeros); flashtile has no varlen path yet, so "
-                f"padded tokens would be attended to. Run without padding (e.g. batch size 1 or equal lengths), or {_HINT}"
-            ),
-        )
+        attention_mask = attention_mask[:, -kv_length:].bool()  # as transformers' flash_attention_mask
+        if tracing:  # unpadding has data-dependent shapes: refused in a graph (a runtime assert)
+            _require_all(
+                attention_mask,
+                lambda: ValueError(
+                    "flashtile: attention_mask contains padding (zeros), which flashtile runs unpadded (varlen) "
+                    "in eager mode only, not under torch.compile / torch.export. Run the padded batch eagerly, "
+                    f"without padding (padding-free packing with cu_seq_lens_* kwargs), or {_HINT}"
+                ),
+            )
+        elif not bool(attention_mask.all()):
+            return attention_mask  # padding: attention_forward runs the batch unpadded (varlen)
     return None
 
 
@@ -281,7 +303,68 @@ def _check_dense_mask(mask: torch.Tensor, seqlen_q: int, seqlen_k: int, window, 
     )
 
 
-_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "cu_seqlens", "max_seqlen")
+# --- padded and packed batches: flash_attn_varlen_func ------------------------------------------
+
+_VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")  # all four, or none
+_OLD_VARLEN_KWARGS = ("cu_seqlens", "max_seqlen")
+
+
+def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
+    """(n,) lengths -> int32 (n + 1,) offsets starting at 0."""
+    return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+
+
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """(batch, seq, heads, dim) -> (batch * seq, heads, dim)."""
+    return x.reshape(-1, *x.shape[2:])
+
+
+def _attention_unpadded(q, k, v, mask: torch.Tensor, sliding: bool, opts: dict) -> torch.Tensor:
+    """A padded batch (b, s, h, d) with its 2D padding mask (b, seqlen_k), True = real token.
+
+    The real tokens of each row become one packed sequence (queries: the last seqlen_q mask
+    columns, since the keys end at the last query); the output of pad query rows is 0.
+    """
+    b, sq = q.shape[:2]
+    sk = k.shape[1]
+    if mask.shape != (b, sk):
+        raise ValueError(f"flashtile: the 2D padding mask has shape {tuple(mask.shape)}, expected (batch, seqlen_k) = ({b}, {sk})")
+    mask = mask.bool()
+    if sliding:  # a window over compacted tokens is the model's only if the real tokens are contiguous
+        first = mask.int().argmax(-1, keepdim=True)
+        cols = torch.arange(sk, device=mask.device)
+        contiguous = (cols >= first) & (cols < first + mask.sum(-1, keepdim=True))
+        if not torch.equal(contiguous, mask):
+            raise NotImplementedError(
+                "flashtile: a padding mask with zeros between real tokens and a sliding window is not supported "
+                f"(only left / right padding); {_HINT}"
+            )
+    mask_q = mask[:, sk - sq :]
+    idx_q = mask_q.flatten().nonzero().flatten()
+    idx_k = mask.flatten().nonzero().flatten()
+    len_q, len_k = mask_q.sum(-1, dtype=torch.int32), mask.sum(-1, dtype=torch.int32)
+    out = flash_attn_varlen_func(
+        _tokens(q)[idx_q], _tokens(k)[idx_k], _tokens(v)[idx_k], _cu_seqlens(len_q), _cu_seqlens(len_k),
+        int(len_q.max()), int(len_k.max()), **opts,
+    )
+    full = out.new_zeros(b * sq, *out.shape[1:]).index_copy(0, idx_q, out)
+    return full.view(b, sq, *out.shape[1:])
+
+
+def _packed_documents(position_ids: torch.Tensor, b: int, s: int) -> Optional[tuple[torch.Tensor, int]]:
+    """(cu_seqlens over the b * s flattened tokens, longest document), or None when no row restarts.
+
+    A document starts at every row start and wherever ``position_ids`` do not go on by +1,
+    transformers' rule (``masking_utils.find_packed_sequence_indices``).  Reads the ids (a sync).
+    """
+    pos = position_ids.expand(b, s)
+    restarts = pos[:, 1:] != pos[:, :-1] + 1
+    if not bool(restarts.any()):
+        return None
+    starts = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=pos.device), restarts], dim=1)
+    idx = starts.flatten().nonzero().flatten().to(torch.int32)
+    cu = torch.cat([idx, idx.new_full((1,), b * s)])
+    return cu, int((cu[1:] - cu[:-1]).max())
 
 
 def attention_forward(
@@ -301,9 +384,16 @@ def attention_forward(
     """transformers attention function: (batch, heads, seq, dim) in, (batch, seq, heads, dim_v) out."""
     if kwargs.get("output_attentions", False):
         raise ValueError("flashtile: output_attentions=True is not supported (probabilities are never materialised); use attn_implementation='eager'")
-    for name in _VARLEN_KWARGS:
+    for name in _OLD_VARLEN_KWARGS:
         if kwargs.get(name) is not None:
-            raise NotImplementedError(f"flashtile: varlen / padding-free inputs ({name}) are not supported yet; {_HINT}")
+            raise NotImplementedError(
+                f"flashtile: the {name} kwarg is not supported; pass cu_seq_lens_q/k and max_length_q/k (as "
+                f"transformers' DataCollatorWithFlattening does), or {_HINT}"
+            )
+    varlen_kwargs = [kwargs.get(name) for name in _VARLEN_KWARGS]
+    if any(x is not None for x in varlen_kwargs) and not all(x is not None for x in varlen_kwargs):
+        given = [n for n, x in zip(_VARLEN_KWARGS, varlen_kwargs) if x is not None]
+        raise NotImplementedError(f"flashtile: padding-free kwargs need all of {', '.join(_VARLEN_KWARGS)}; got only {', '.join(given)}")
     if kwargs.get("cache") is not None:
         raise NotImplementedError(f"flashtile: paged KV caches (continuous batching) are not supported; {_HINT}")
     if kwargs.get("position_bias") is not None:
@@ -326,33 +416,40 @@ def attention_forward(
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
 
-    position_ids = kwargs.get("position_ids")
-    if (
-        isinstance(position_ids, torch.Tensor)
-        and position_ids.dim() == 2
-        and position_ids.shape[-1] == query.shape[2] > 1
-        and _tracing(query)
-    ):
-        # Traced, transformers cannot tell packed rows from plain ones (see _check_pattern).
-        _require_all(position_ids[:, 1:] - position_ids[:, :-1] == 1, lambda: _unsupported("packed", None))
-
-    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
-    if attention_mask is not None:
-        folded = (window[0], 0) if is_causal else window
-        _check_dense_mask(attention_mask, q.shape[1], k.shape[1], folded, q.device)
-
-    out = flash_attn_func(
-        q,
-        k,
-        v,
-        softmax_scale=scaling,
-        causal=bool(is_causal),
-        window_size=window,
-        sinks=s_aux,
-        softcap=softcap,
+    opts = dict(
+        softmax_scale=scaling, causal=bool(is_causal), window_size=window, sinks=s_aux, softcap=softcap,
         deterministic=bool(deterministic),
     )
-    return out, None
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+
+    # The same order as transformers' _flash_attention_forward: padding, varlen kwargs, packing.
+    if attention_mask is not None and attention_mask.dim() == 2:  # from ``attention_mask`` above
+        return _attention_unpadded(q, k, v, attention_mask, sliding_window is not None, opts), None
+    if varlen_kwargs[0] is not None:  # padding-free with cu_seq_lens_*: the tokens of all rows, in order
+        cu_q, cu_k, max_q, max_k = varlen_kwargs
+        out = flash_attn_varlen_func(
+            _tokens(q), _tokens(k), _tokens(v), cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k), **opts
+        )
+        return out.view(b, sq, *out.shape[1:]), None
+
+    position_ids = kwargs.get("position_ids")
+    if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 2 and position_ids.shape[-1] == sq == sk > 1:
+        if _tracing(query):
+            # Traced, packing would need data-dependent shapes (and transformers cannot tell packed
+            # rows from plain ones, see _check_pattern): refused at run time.
+            _require_all(position_ids[:, 1:] - position_ids[:, :-1] == 1, lambda: _unsupported("packed", None))
+        else:
+            packed = _packed_documents(position_ids, b, sq)
+            if packed is not None:
+                cu, longest = packed
+                out = flash_attn_varlen_func(_tokens(q), _tokens(k), _tokens(v), cu, cu, longest, longest, **opts)
+                return out.view(b, sq, *out.shape[1:]), None
+
+    if attention_mask is not None:
+        folded = (window[0], 0) if is_causal else window
+        _check_dense_mask(attention_mask, sq, sk, folded, q.device)
+    return flash_attn_func(q, k, v, **opts), None
 
 
 def register(name: str = ATTN_IMPLEMENTATION) -> str:
