@@ -613,3 +613,77 @@ def test_varlen_matches_oracle_and_dense(vc):
     g_ref = grads(loss(o_ref, l_ref), ts64)
     for name, g, r in zip("qkvs", g_got, g_ref):
         assert_close(g, r, tolerance(c, r, smax) * 4 * (1 + smax), f"d{name}")
+
+
+@st.composite
+def kvcache_cases(draw):
+    """A decode step: ``s_new`` new tokens appended at ``cache_seqlens[b]`` to a cache of
+    ``seqlen_cache`` rows (contiguous, or paged with page size 1..3 and a shuffled table)."""
+    c = draw(cases(b=st.integers(1, 3), sq=st.integers(0, 4), sk=0, layout="contiguous"))
+    s_new = draw(st.integers(0, 4))
+    lens = draw(st.lists(st.integers(0, 12), min_size=c.b, max_size=c.b))
+    extra = draw(st.integers(0, 3))
+    page = draw(st.sampled_from([None, 1, 2, 3]))
+    num_splits = draw(st.sampled_from([0, 1, 2, 3]))
+    return c, s_new, lens, extra, page, num_splits
+
+
+@needs_kvcache
+@given(kvcache_cases())
+def test_kvcache_append_equals_attention_over_concatenation(kc):
+    """flash_attn_with_kvcache writes k/v at cache_seqlens in place (nothing else changes) and
+    returns attention over cache[:cache_seqlens] ++ new tokens, i.e. the oracle (and the dense
+    call) over the concatenation, bottom-right aligned on that length."""
+    c, s_new, lens, extra, page, num_splits = kc
+    note(kc)
+    gen = torch.Generator().manual_seed(c.seed)
+
+    def rnd(*shape, scale=c.magnitude):
+        return (torch.randn(*shape, generator=gen, dtype=F64) * scale).to(c.dtype)
+
+    seqlen_cache = max(lens) + s_new + extra
+    q = rnd(c.b, c.sq, c.h, c.d)
+    k_cache, v_cache = rnd(c.b, seqlen_cache, c.hkv, c.d), rnd(c.b, seqlen_cache, c.hkv, c.dv)
+    k_new, v_new = rnd(c.b, s_new, c.hkv, c.d), rnd(c.b, s_new, c.hkv, c.dv)
+    sinks = None if c.sinks is None else rnd(c.h, scale=2.0)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+    kw = dict(cache_seqlens=cache_seqlens, softmax_scale=c.scale, causal=c.causal, window_size=c.window,
+              softcap=c.softcap, num_splits=num_splits, return_softmax_lse=True)
+    if sinks is not None:
+        kw["sinks"] = sinks
+    if s_new:
+        kw.update(k=k_new, v=v_new)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    if page is None:
+        kc_, vc_ = k_cache, v_cache
+    else:  # the same cache, paged: row j of entry b lives in page table[b, j // page], slot j % page
+        n_pages = -(-seqlen_cache // page)
+        perm = torch.randperm(c.b * n_pages, generator=gen)
+        table = perm.reshape(c.b, n_pages).to(torch.int32)
+        pad = n_pages * page - seqlen_cache
+        kc_ = torch.zeros(c.b * n_pages, page, c.hkv, c.d, dtype=c.dtype)
+        vc_ = torch.zeros(c.b * n_pages, page, c.hkv, c.dv, dtype=c.dtype)
+        kc_[perm] = F.pad(k_cache, (0, 0, 0, 0, 0, pad)).reshape(c.b * n_pages, page, c.hkv, c.d)
+        vc_[perm] = F.pad(v_cache, (0, 0, 0, 0, 0, pad)).reshape(c.b * n_pages, page, c.hkv, c.dv)
+        kw["block_table"] = table
+    out, lse = flashtile.flash_attn_with_kvcache(q, kc_, vc_, **kw)
+    if page is not None:  # back to (b, seqlen_cache, hkv, d) to check the append
+        kc_ = kc_[table.long()].reshape(c.b, -1, c.hkv, c.d)[:, :seqlen_cache]
+        vc_ = vc_[table.long()].reshape(c.b, -1, c.hkv, c.dv)[:, :seqlen_cache]
+    for b in range(c.b):
+        n = lens[b]
+        want_k = torch.cat([k0[b, :n], k_new[b], k0[b, n + s_new :]])
+        want_v = torch.cat([v0[b, :n], v_new[b], v0[b, n + s_new :]])
+        assert torch.equal(kc_[b], want_k) and torch.equal(vc_[b], want_v), f"cache of entry {b}"
+        kb, vb = want_k[None, : n + s_new], want_v[None, : n + s_new]
+        x = Inputs(q[b : b + 1], kb, vb, sinks, torch.zeros(1), torch.zeros(1))
+        c1 = replace_case(c, b=1, sk=n + s_new)
+        x64 = as_f64_leaves(x)
+        o_ref, l_ref = oracle(x64.q, x64.k, x64.v, c.softmax_scale, c.window[0], c.right, x64.sinks, c.softcap)
+        smax = score_max(x64, c1)
+        assert_close(out[b : b + 1], o_ref, tolerance(c1, o_ref, smax), f"entry {b} out")
+        assert_close(lse[b : b + 1], l_ref, tolerance(c1, l_ref, smax), f"entry {b} lse")
+
+
+def replace_case(c: Case, **changes) -> Case:
+    return Case(**{**c.__dict__, **changes})
