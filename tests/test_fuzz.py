@@ -29,7 +29,7 @@ from typing import Optional
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import flashtile
@@ -236,7 +236,7 @@ def grads(loss, tensors):
     if not loss.requires_grad:  # nothing reached the loss (e.g. empty output)
         return [torch.zeros_like(t) for t in tensors]
     gs = torch.autograd.grad(loss, tensors, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g for g in gs]
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(gs, tensors)]
 
 
 def tolerance(c: Case, ref: torch.Tensor, score_max: float) -> float:
