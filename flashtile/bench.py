@@ -218,6 +218,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "threads on a busy machine cost more than they give)")
     t.add_argument("--time-limit", type=float, metavar="S",
                    help="stop timing after S seconds; the rest is reported as skipped")
+    g.add_argument("--varlen", action="store_true",
+                   help="time packed variable-length batches instead (flashtile.bench_varlen: varlen vs padded, "
+                        "equal-length, nested-jagged SDPA, a per-sequence loop, flash-attn); honours --headdim, "
+                        "--nheads, --causal, --mode, --dtype, timing and --json/--markdown")
     o = parser.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="every figure with the environment")
     o.add_argument("--csv", metavar="PATH", help="one row per (case, mode, backend), environment columns included")
@@ -1217,6 +1221,10 @@ def _stdout_console():
 
 def run(args: argparse.Namespace) -> int:
     """Run the sweep, print the tables, write the requested files; 1 if flashtile failed."""
+    if getattr(args, "varlen", False):
+        from .bench_varlen import run as run_varlen
+
+        return run_varlen(args)
     console = _stdout_console()
     try:
         plan = resolve(args, torch.cuda.is_available())
