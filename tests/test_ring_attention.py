@@ -312,6 +312,10 @@ def test_bad_input_is_refused():
         ring_flash_attn_func(q, q, q, layout="striped")
     with pytest.raises(ValueError, match="even"):
         ring_flash_attn_func(q[:, :5], q[:, :5], q[:, :5])
+    with pytest.raises(ValueError, match="ring_flash_attn_func: nheads"):
+        ring_flash_attn_func(torch.randn(1, 6, 3, 8), q, q)
+    with pytest.raises(TypeError, match="causal"):
+        ring_flash_attn_func(q, q, q, causal="yes")
 
 
 def test_bench_cpu_single_process(tmp_path):

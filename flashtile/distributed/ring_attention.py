@@ -443,7 +443,11 @@ def ring_flash_attn_func(
         shard's gradients; sinks' gradient is the full one (all-reduced over the group), on
         every rank.
     """
-    validate(q, k, v, softmax_scale, window_size, sinks, softcap)
+    from .. import validation as V
+
+    for name, flag in (("causal", causal), ("deterministic", deterministic), ("return_lse", return_lse)):
+        V.check_flag("ring_flash_attn_func", name, flag)
+    validate(q, k, v, softmax_scale, window_size, sinks, softcap, fn="ring_flash_attn_func")
     if k.shape[1] != q.shape[1]:
         raise ValueError(
             f"ring_flash_attn_func: k and v must hold the same sequence shard as q (seqlen_local {q.shape[1]}), got {k.shape[1]}"
@@ -669,8 +673,11 @@ def ring_flash_attn_varlen_func(
     Returns:
         out (total_local, nheads, headdim_v), or ``(out, lse)`` with lse (nheads, total_local).
     """
+    from .. import validation as V
     from .. import varlen
 
+    for name, flag in (("causal", causal), ("deterministic", deterministic), ("return_lse", return_lse)):
+        V.check_flag("ring_flash_attn_varlen_func", name, flag)
     varlen.validate(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale, window_size, softcap, sinks, None, None)
     if layout not in LAYOUTS:
         raise ValueError(f"ring_flash_attn_varlen_func: layout must be one of {LAYOUTS}, got {layout!r}")
