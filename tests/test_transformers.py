@@ -327,6 +327,16 @@ def test_packed_documents_equal_separate_runs_and_cu_seq_lens_kwargs(llama):
     _close(two_rows[:1], packed)
 
 
+def test_packed_with_cu_seq_lens_kwargs_compiles_fullgraph(llama):
+    _, ours = llama
+    ids = _ids(batch=1, seq=sum(PACKED_DOCS))
+    cu = torch.tensor([0, *torch.tensor(PACKED_DOCS).cumsum(0).tolist()], dtype=torch.int32)
+    m = max(PACKED_DOCS)
+    kw = dict(position_ids=_packed_position_ids(), use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=m, max_length_k=m)
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    _close(compiled(ids, **kw).logits, ours(ids, **kw).logits)
+
+
 def test_partial_varlen_kwargs_are_refused(llama):
     _, ours = llama
     ids = _ids(batch=1, seq=8)
