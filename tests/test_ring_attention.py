@@ -324,7 +324,7 @@ def test_bench_cpu_single_process(tmp_path):
     from flashtile.distributed import bench
 
     argv = ["--device", "cpu", "--seqlens", "64", "--heads", "2", "--headdim", "8", "--dtype", "fp32",
-            "--warmup", "0", "--iters", "1", "--out", str(tmp_path)]
+            "--warmup", "0", "--iters", "1", "--profile", "--out", str(tmp_path)]
     assert bench.main(argv) == 0
     report = json.loads((tmp_path / "cp.json").read_text())
     rec = report["results"][0]
@@ -332,6 +332,7 @@ def test_bench_cpu_single_process(tmp_path):
     assert rec["torch_cp"]["status"].startswith("unavailable")
     assert report["check"]["pass"]
     assert "flashtile ring" in (tmp_path / "cp.md").read_text()
+    assert json.loads((tmp_path / "trace_ring_64_rank0.json").read_text())  # --profile's chrome trace
 
 
 def test_cli_has_cp_subcommand():
