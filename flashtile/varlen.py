@@ -190,14 +190,16 @@ def content_checks_enabled(device: torch.device) -> bool:
     return device.type == "cpu" or os.environ.get(CHECK_SEQLENS_ENV) == "1"
 
 
-def _require(cond: Tensor, arg: str, expected: str, given) -> None:
+def _require(cond: Tensor, arg: str, expected: str, given, value=None) -> None:
     """A check on tensor contents: a Python check in eager mode, ``torch._assert_async`` when
-    traced (no graph break; still fails at run time)."""
+    traced (no graph break; still fails at run time).  ``value`` (a size) is named in the eager
+    message only: formatting a symbolic size while tracing would specialise the graph on it."""
     message = f"{FN}: {arg} must be {expected}"
     if torch.compiler.is_compiling():
         torch._assert_async(cond, message)
     elif not bool(cond):
-        raise ValueError(f"{message}, got {given() if callable(given) else given}")
+        value = "" if value is None else f" = {value}"
+        raise ValueError(f"{message}{value}, got {given() if callable(given) else given}")
 
 
 def check_seqlens(total_q, total_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k) -> None:
@@ -210,7 +212,7 @@ def check_seqlens(total_q, total_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _require(cu[0] == 0, f"{name}[0]", "0", lambda: int(cu[0]))
         seg = cu[1:] - cu[:-1]
         _require((seg >= 0).all(), name, "nondecreasing", lambda: cu.tolist())
-        _require(cu[-1] == total, f"{name}[-1]", f"the number of tokens, {side}.shape[0] = {total}", lambda: int(cu[-1]))
+        _require(cu[-1] == total, f"{name}[-1]", f"the number of tokens, {side}.shape[0]", lambda: int(cu[-1]), total)
         lengths = seg
         if used is not None:
             uname = f"seqused_{side}"

@@ -505,3 +505,27 @@ def test_compile_new_lengths_do_not_recompile():
         with torch._dynamo.config.patch(error_on_recompile=True):
             got = compiled(q, k, v, new_q, new_k)
         torch.testing.assert_close(got, fn(q, k, v, new_q, new_k), atol=1e-6, rtol=0)
+
+
+def test_compile_dynamic_new_totals_batches_and_max_seqlen_do_not_recompile():
+    """dynamic=True: other token totals, batch counts and max_seqlen values reuse the graph
+    (the content checks' messages must not specialise on a symbolic size)."""
+    def make(lengths, extra_k=3):
+        g = torch.Generator().manual_seed(len(lengths))
+        total = sum(lengths)
+        q = torch.randn(total, 6, 16, generator=g, requires_grad=True)
+        k = torch.randn(total + extra_k, 2, 16, generator=g)
+        v = torch.randn(total + extra_k, 2, 16, generator=g)
+        cu_q = cu(lengths)
+        cu_k = cu_q.clone()
+        cu_k[-1] += extra_k  # the last sequence has extra_k more keys
+        return q, k, v, cu_q, cu_k, max(lengths)
+
+    fn = lambda q, k, v, cu_q, cu_k, m: flash_attn_varlen_func(q, k, v, cu_q, cu_k, m, m + 3, causal=True)  # noqa: E731
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=True)
+    for i, lengths in enumerate([[3, 5, 7], [4, 9, 2, 6, 5, 5], [10, 1], [8, 8, 8, 8, 8, 1, 1, 1, 1]]):
+        args = make(lengths)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = compiled(*args)
+        torch.testing.assert_close(got, fn(*args), atol=1e-6, rtol=0)
+        got.sum().backward()
