@@ -12,7 +12,11 @@ incl. -inf, softcap, scale, float32/float64, non-contiguous layouts), and checks
   lse equals attending to all keys (the split-KV / ring rule), varlen equals the per-sequence
   dense call, a KV-cache append equals attending over the concatenation;
 * NaN/inf inputs: propagation as in PyTorch's math SDPA backend, confined to the rows and
-  columns they can reach.
+  columns they can reach;
+* on CPU, the float16/bfloat16 forward is the float32 arithmetic rounded once.
+
+``flashtile.distributed.ring_flash_attn_func`` is not fuzzed here (it needs processes); the
+lse-combination property is the rule it relies on.
 
 Profiles: ``ci`` (default; bounded, derandomized so CI is reproducible) and ``nightly``
 (``HYPOTHESIS_PROFILE=nightly``, thousands of examples per test, random).  Tensors' values come
@@ -343,6 +347,22 @@ def test_sdpa_matches_torch_sdpa(c):
 
 
 # --- invariants (no oracle) ---------------------------------------------------------------------
+
+
+@given(cases(dtypes=(torch.float32,), layout="contiguous"), st.sampled_from([torch.float16, torch.bfloat16]))
+def test_cpu_low_precision_is_float32_rounded(c, low):
+    """On CPU, float16/bfloat16 run the float32 arithmetic (reference.py): the output is the
+    float32 path's rounded once to the input dtype, and lse is the float32 path's.  (Gradients
+    differ: the backward's Delta = dO . O uses the rounded output, as the kernels do.)"""
+    note((c, low))
+    x = make_inputs(c, requires_grad=False)
+    q, k, v = (t.to(low) for t in (x.q, x.k, x.v))
+    sinks = None if x.sinks is None else x.sinks.to(low)
+    out_l, lse_l = flash(c, x, q=q, k=k, v=v, sinks=sinks)
+    out_32, lse_32 = flash(c, x, q=q.float(), k=k.float(), v=v.float(), sinks=None if sinks is None else sinks.float())
+    assert out_l.dtype == low and lse_l.dtype == torch.float32
+    assert torch.equal(out_l, out_32.to(low)) and torch.equal(lse_l, lse_32)
+
 
 
 def same(a, b, c: Case, what=""):
