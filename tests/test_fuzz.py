@@ -516,6 +516,22 @@ def test_nan_in_v_poisons_one_column(c, data):
     assert torch.equal(out_n[other], out[other])
 
 
+@given(cases(empty=False, dtypes=(F64,), sinks="finite"), st.data())
+def test_nan_sink_poisons_its_head(c, data):
+    """A NaN sink makes its head's outputs and lse NaN (every row takes softmax mass from it);
+    other heads are untouched."""
+    note(c)
+    x = make_inputs(c, requires_grad=False)
+    out, lse = flash(c, x)
+    hi = data.draw(st.integers(0, c.h - 1))
+    sinks = x.sinks.clone()
+    sinks[hi] = float("nan")
+    out_n, lse_n = flash(c, x, sinks=sinks)
+    assert bool(out_n[:, :, hi].isnan().all()) and bool(lse_n[:, hi].isnan().all())
+    others = [j for j in range(c.h) if j != hi]
+    assert torch.equal(out_n[:, :, others], out[:, :, others]) and torch.equal(lse_n[:, others], lse[:, others])
+
+
 @given(cases(empty=False, dtypes=(F64,), window=(-1, -1), sinks=None, softcap=0.0, layout="contiguous"), st.data())
 def test_nonfinite_matches_torch_math_sdpa(c, data):
     """NaN/inf anywhere in q, k or v: same NaN/inf pattern and values as PyTorch's math SDPA
