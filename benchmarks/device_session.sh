@@ -19,18 +19,32 @@ timeout "${PRECOMPILE_S:-150}" python3 -m flashtile.kernels.precompile --jobs "$
   --headdim 64 96 128 192/128 256 40 200/100 --features plain --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO > "$out/precompile.log"
 timeout 60 python3 -m flashtile.kernels.precompile --jobs "$jobs" --headdim 64 128 --dtype bfloat16 \
   --features sinks softcap both --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO >> "$out/precompile.log"
+# Packed (varlen) builds of what tests/test_gpu_varlen.py and the varlen benchmark run.
+timeout "${PRECOMPILE_VARLEN_S:-120}" python3 -m flashtile.kernels.precompile --jobs "$jobs" --headdim 64 128 192/128 256 40 \
+  --features plain sinks softcap both --passes vfwd vbwd vbwd-det vbwd-lse 2>&1 | grep -v INFO >> "$out/precompile.log"
 echo "precompile: $(( $(date +%s) - t0 ))s, $(grep -c "s$" "$out/precompile.log") structures" | tee -a "$out/summary.txt"
 
 t0=$(date +%s)
-timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5 tests > "$out/gpu_tests.log" 2>&1
+timeout "${TESTS_S:-200}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5 ${TESTS:-tests} > "$out/gpu_tests.log" 2>&1
 echo "gpu tests: $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/gpu_tests.log")" | tee -a "$out/summary.txt"
 
-t0=$(date +%s)
-bench_flags=${BENCH_FLAGS:---headdim 64 128 256 --seqlen 1k 4k 16k --mode fwd bwd --backends flashtile cudnn flash flex}
-timeout "${BENCH_S:-220}" python3 -m flashtile.bench $bench_flags --time-limit $(( ${BENCH_S:-220} - 20 )) \
-  --json "$out/bench.json" --csv "$out/bench.csv" --plot "$out/bench.png" --markdown "$out/bench.md" > "$out/bench.log" 2>&1
-rc=$?
-echo "bench: $(( $(date +%s) - t0 ))s rc=$rc" | tee -a "$out/summary.txt"
+if [ "${BENCH_S:-220}" != 0 ]; then
+  t0=$(date +%s)
+  bench_flags=${BENCH_FLAGS:---headdim 64 128 256 --seqlen 1k 4k 16k --mode fwd bwd --backends flashtile cudnn flash flex}
+  timeout "${BENCH_S:-220}" python3 -m flashtile.bench $bench_flags --time-limit $(( ${BENCH_S:-220} - 20 )) \
+    --json "$out/bench.json" --csv "$out/bench.csv" --plot "$out/bench.png" --markdown "$out/bench.md" > "$out/bench.log" 2>&1
+  rc=$?
+  echo "bench: $(( $(date +%s) - t0 ))s rc=$rc" | tee -a "$out/summary.txt"
+fi
+
+# Packed (varlen) batches against padded/equal-length flashtile, nested-tensor SDPA and a loop.
+if [ "${VARLEN_BENCH_S:-0}" != 0 ]; then
+  t0=$(date +%s)
+  timeout "$VARLEN_BENCH_S" python3 -m flashtile.bench --varlen ${VARLEN_FLAGS:-} --json "$out/varlen.json" \
+    --markdown "$out/varlen.md" > "$out/varlen.log" 2>&1
+  echo "varlen bench: $(( $(date +%s) - t0 ))s rc=$?" | tee -a "$out/summary.txt"
+  tail -n 60 "$out/varlen.log"
+fi
 grep -E "FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | tail -n 15
 tail -n 40 "$out/bench.log"
 cat "$out/summary.txt"

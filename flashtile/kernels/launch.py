@@ -46,6 +46,19 @@ class Packed:
     def tensors(self) -> tuple:
         return self.cu_q, self.cu_k, self.lens_q, self.lens_k
 
+    def stat_layout(self, total_q: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Where the backward's per-row statistics (LSE2, Delta) of each sequence sit:
+        (cu_stat (batch + 1,) int32, the stat index of every query row (total_q,), rows of the
+        stat buffers).  Sequence b starts at ``4 * ceil(cu_q[b] / 4) + 4 * b``, a 16-byte
+        aligned float offset (TMA loads them with the row innermost, whose start must be
+        16-byte aligned); the gaps keep sequences apart.  No host sync: sizes are bounds."""
+        b = torch.arange(self.batch + 1, device=self.cu_q.device, dtype=torch.int32)
+        cu_stat = ((self.cu_q + 3) // 4) * 4 + 4 * b
+        rows = torch.arange(total_q, device=self.cu_q.device, dtype=torch.int32)
+        seq = torch.searchsorted(self.cu_q[1:].contiguous(), rows, right=True).clamp_(max=max(self.batch - 1, 0))
+        index = rows + (cu_stat - self.cu_q)[seq]
+        return cu_stat.contiguous(), index.long(), (total_q + 4 * (self.batch + 2) + 3) // 4 * 4
+
     def used_q_rows(self, total_q: int) -> torch.Tensor:
         """(total_q,) bool: the query rows some sequence uses."""
         rows = torch.arange(total_q, device=self.cu_q.device, dtype=torch.int32)
@@ -164,6 +177,14 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     varlen = packed is not None
     prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen)
     prep(lead(out), lead(dout), lead(lse), lead(dlse.contiguous() if dlse is not None else lse), delta, lse2)
+    delta_rows = delta  # row-ordered, for dsinks
+    if varlen:  # spread the rows out so that every sequence starts 16-byte aligned (stat_layout)
+        cu_stat, index, stat_rows = packed.stat_layout(sq)
+        delta_p = torch.zeros(1, h, stat_rows, dtype=torch.float32, device=q.device)
+        lse2_p = torch.zeros_like(delta_p)
+        delta_p[:, :, index] = delta[:, :, :sq]
+        lse2_p[:, :, index] = lse2[:, :, :sq]
+        delta, lse2 = delta_p, lse2_p
 
     left, right = host_window(window)
     score_scale, cap_in = _scores(softmax_scale, softcap)
@@ -173,7 +194,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     key_blocks = -(-max_k // configs.bwd_config(d, dv_, dtype, kind, softcap > 0).block_n)
     batch = packed.batch if varlen else b
     rows = configs.dkdv_rows_per_group(kind, h // hkv, batch * hkv, key_blocks, target.sm_count(q.device))
-    seq_args = packed.tensors() if varlen else ()
+    seq_args = (*packed.tensors(), cu_stat) if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
     tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)
     if deterministic:
@@ -192,5 +213,5 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
         lse3 = lse.reshape(b, h, sq)
         weight = torch.exp(sinks.float()[None, :, None] - lse3)
         weight = torch.where(torch.isinf(lse3), 0.0, weight) if varlen else weight
-        dsinks = (-(weight * delta[:, :, :sq])).sum(dim=(0, 2)).to(sinks.dtype)
+        dsinks = (-(weight * delta_rows[:, :, :sq])).sum(dim=(0, 2)).to(sinks.dtype)
     return dq, dk, dv, dsinks

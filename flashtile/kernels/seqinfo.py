@@ -32,12 +32,16 @@ class Sequence:
     sequence's data (they must then be masked explicitly, ``rows_checked``).
     """
 
-    def __init__(self, varlen: bool, b, len_q, len_k, q0=0, k0=0):
+    def __init__(self, varlen: bool, b, len_q, len_k, q0=0, k0=0, s0=None):
         self.varlen = varlen
         self.b = 0 if varlen else b  # index into dim 0 of the tensors
         self.batch = b  # the batch entry (sinks, scheduling)
         self.len_q, self.len_k = len_q, len_k
         self.q0, self.k0 = q0, k0  # first row of the sequence in the tensors' row dim
+        # First entry of the sequence in the backward's per-row statistics (LSE2, Delta): TMA
+        # loads them with the row as the innermost dimension, whose start must be 16-byte
+        # aligned, so a packed batch gives every sequence a 4-aligned start there.
+        self.s0 = q0 if s0 is None else s0
         self.off = len_k - len_q
         self.rows_checked = varlen
 
@@ -51,18 +55,20 @@ class Sequence:
         return X[self.b, self.k0 + n0 : self.k0 + n0 + rows, hk, :]
 
     def stat(self, X, h, m0, rows):
-        """Entries [m0, m0 + rows) of head ``h`` of a per-query statistic (LSE, Delta)."""
-        return X[self.b, h, self.q0 + m0 : self.q0 + m0 + rows]
+        """Entries [m0, m0 + rows) of head ``h`` of the backward's per-query statistics
+        (LSE2, Delta; their rows start at ``s0``)."""
+        return X[self.b, h, self.s0 + m0 : self.s0 + m0 + rows]
 
 
 
 class Sequences:
     """The batch as the grid sees it: ``batch`` entries, at most ``max_q`` / ``max_k`` rows."""
 
-    def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None):
+    def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, cu_stat=None):
         self.varlen = varlen
         self.batch, self.max_q, self.max_k = batch, max_q, max_k
         self._cu_q, self._cu_k, self._lens_q, self._lens_k = cu_q, cu_k, lens_q, lens_k
+        self._cu_stat = cu_stat
 
     def of(self, b) -> Sequence:
         """The ``Sequence`` of batch entry ``b``; call inside the kernel (varlen allocates
@@ -74,17 +80,19 @@ class Sequences:
         k0 = T.alloc_var(T.int32, init=self._cu_k[b])[0]
         len_q = T.alloc_var(T.int32, init=self._lens_q[b])[0]
         len_k = T.alloc_var(T.int32, init=self._lens_k[b])[0]
-        return Sequence(True, b, len_q, len_k, q0, k0)
+        s0 = None if self._cu_stat is None else T.alloc_var(T.int32, init=self._cu_stat[b])[0]
+        return Sequence(True, b, len_q, len_k, q0, k0, s0)
 
 
 def dense(B, Sq, Sk) -> Sequences:
     return Sequences(False, B, Sq, Sk)
 
 
-def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k) -> Sequences:
+def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None) -> Sequences:
     """``cu_*`` (batch + 1,) int32 row offsets, ``lens_*`` (batch,) int32 lengths used,
-    ``max_*`` int32 scalars bounding every length (grid extents)."""
-    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k)
+    ``max_*`` int32 scalars bounding every length (grid extents); ``cu_stat`` (batch + 1,)
+    int32: where each sequence starts in the backward's LSE2/Delta (4-aligned)."""
+    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat)
 
 
 @T.macro
