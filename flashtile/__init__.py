@@ -1,11 +1,12 @@
 """flashtile: exact fused attention (FlashAttention-style) for PyTorch, kernels in TileLang."""
 
 from .interface import flash_attn_func
+from .kvcache import flash_attn_with_kvcache
 from .sdpa import scaled_dot_product_attention
 from .varlen import flash_attn_varlen_func
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_with_kvcache", "flash_attn_varlen_func", "scaled_dot_product_attention", "__version__"]
 
 # attn_implementation="tile_attention" in transformers, now or once transformers' model code
 # loads; never imports transformers itself (flashtile/integrations/autoregister.py).

@@ -276,3 +276,50 @@ def varlen_attention_backward(
         if dsinks is not None:
             dsinks += g[3]
     return dq, dk, dv, None if dsinks is None else dsinks.to(sinks.dtype)
+
+
+# --- KV-cache decoding (flash_attn_with_kvcache) ------------------------------------------------
+
+
+def kvcache_gather(cache: torch.Tensor, b: int, start: int, stop: int, cache_batch_idx=None, block_table=None) -> torch.Tensor:
+    """Rows ``[start, stop)`` of batch entry ``b``'s cache, (stop - start, nheads_kv, d).
+
+    Contiguous cache (batch_cache, seqlen_cache, h, d): row ``cache_batch_idx[b]`` (or ``b``).
+    Paged cache (num_blocks, page_size, h, d): position j lives at
+    ``cache[block_table[b, j // page_size], j % page_size]``.
+    """
+    if block_table is None:
+        row = b if cache_batch_idx is None else int(cache_batch_idx[b])
+        return cache[row, start:stop]
+    pos = torch.arange(start, stop, device=cache.device)
+    page = cache.shape[1]
+    return cache[block_table[b].long()[pos // page], pos % page]
+
+
+def kvcache_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    softmax_scale: float,
+    window: tuple[int, int] = (-1, -1),
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (batch, seqlen_q, nheads, d) over each entry's cache keys
+    ``[cache_leftpad[b], seqlens_k[b])`` (after the append), bottom-right aligned on that length,
+    by ``attention_forward`` per batch entry.  Returns out (batch, seqlen_q, nheads, d_v) and lse
+    (batch, nheads, seqlen_q), as ``attention_forward``."""
+    lens = seqlens_k.tolist()
+    pads = [0] * q.shape[0] if cache_leftpad is None else cache_leftpad.tolist()
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        kb = kvcache_gather(k_cache, b, pads[b], lens[b], cache_batch_idx, block_table)
+        vb = kvcache_gather(v_cache, b, pads[b], lens[b], cache_batch_idx, block_table)
+        o, l = attention_forward(q[b : b + 1], kb[None], vb[None], softmax_scale, window, sinks, softcap)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=0)

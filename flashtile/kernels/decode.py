@@ -1,0 +1,339 @@
+"""Split-KV decode kernel (Hopper): attention of a few query tokens over a (paged) KV cache.
+
+Decode reads the whole cache once per step and does almost no arithmetic, so the kernel is
+built to keep HBM busy, not the tensor cores:
+
+- one CTA per (split, row tile, kv head, batch); a CTA's query rows are every query head of
+  one GQA group times every query token (``row = token * group + head_in_group``), padded to
+  the 64 rows of one warpgroup's WGMMA.  GQA therefore reads each K/V tile once for the
+  whole group;
+- the key range of a batch entry (``[leftpad, seqlen_k)`` narrowed by the causal/window
+  bounds of the tile's tokens) is cut into ``num_splits`` slices of key blocks, one per CTA,
+  so a batch of one sequence still fills every SM;
+- K and V tiles of ``block_n`` keys stream through a ``num_stages`` shared-memory pipeline.
+  Each row of a tile is looked up through the block table (``page = block_table[b, j //
+  page_size]``, row ``j % page_size``), so any page size works, and a contiguous cache is the
+  special case of one page per cache row (``page_size = seqlen_cache``, table =
+  ``cache_batch_idx``).  Keys outside ``[leftpad, seqlen_k)`` are never read (zero-filled), so
+  stale or NaN cache contents past the end cannot leak into the output;
+- online softmax in exp2 with fp32 statistics; masks are ``masks.visible`` per query token
+  (bottom-right causal on the entry's own length, window) plus ``j >= leftpad``; only blocks
+  at a boundary pay for the elementwise select;
+- ``num_splits == 1``: the epilogue folds in the sink and writes the output and lse directly.
+  Otherwise each split writes its normalised partial output (fp32) and natural-log lse, and
+  ``combine.py`` merges them (and folds in the sink, once).
+
+Static structure (one compile each): dtype, head dims, sinks on/off, softcap on/off, tiles.
+Batch, heads, GQA ratio, query tokens, cache sizes, page size, lengths and splits are runtime.
+Indices are 64-bit (caches of more than 2^31 elements are the normal case here).
+"""
+
+
+import functools
+import math
+
+import tilelang
+import tilelang.language as T
+
+from .fwd import PASS_CONFIGS, TARGET
+from .masks import host_window
+from .softmax import LN2, LOG2E
+
+DECODE_PASS_CONFIGS = PASS_CONFIGS
+FULL_ROW = T.GemmWarpPolicy.FullRow
+BLOCK_M = 64  # query rows (group heads x tokens) per CTA: one warpgroup's WGMMA M
+
+
+def key_visible(t, j, off, seqlen_k, leftpad, left, right):
+    """Key ``j`` (cache position) is visible to query token ``t``: the rule of ``masks.py``
+    (``t + off - left <= j <= t + off + right``, ``j < seqlen_k``, ``off = seqlen_k - seqlen_q``)
+    plus the entry's left padding (``j >= leftpad``)."""
+    return T.And(
+        T.And(T.And(j < seqlen_k, j >= leftpad), j <= t + off + right),
+        j >= t + off - left,
+    )
+
+
+@tilelang.jit(target=TARGET, pass_configs=DECODE_PASS_CONFIGS)
+def decode_kernel(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_sinks: bool,
+    has_softcap: bool,
+    block_n: int = 128,
+    num_stages: int = 2,
+    threads: int = 128,
+):
+    """Build the split-KV decode PrimFunc.
+
+    Kernel arguments: Q (B, Sq, H, dim); K (NP, PS, Hkv, dim) and V (NP, PS, Hkv, dim_v) the
+    cache as pages; BlockTable (B, MB) int32 page of each logical block; SeqlensK (B,) int32
+    keys of each entry *after* the append; Leftpad (B,) int32 first visible key; O (B, Sq, H,
+    dim_v), LSE (B, H, Sq) fp32 (written only when ``num_splits == 1``); Opart (P, dim_v) and
+    LSEpart (P,) fp32 partials, flat ``((split * B + b) * Sq + t) * H + h`` (written only when
+    ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
+    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``.
+    """
+    B, Sq, H, Hkv, NP, PS, MB, P = T.dynamic("B, Sq, H, Hkv, NP, PS, MB, P")
+    acc = T.float32
+    block_m = BLOCK_M
+    neg_inf = -T.infinity(acc)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, Sq, H, dim], dtype),
+        K: T.Tensor([NP, PS, Hkv, dim], dtype),
+        V: T.Tensor([NP, PS, Hkv, dim_v], dtype),
+        BlockTable: T.Tensor([B, MB], T.int32),
+        SeqlensK: T.Tensor([B], T.int32),
+        Leftpad: T.Tensor([B], T.int32),
+        O: T.Tensor([B, Sq, H, dim_v], dtype),
+        LSE: T.Tensor([B, H, Sq], acc),
+        Opart: T.Tensor([P, dim_v], acc),
+        LSEpart: T.Tensor([P], acc),
+        Sinks: T.Tensor([H], acc),
+        score_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+        num_splits: T.int32,
+    ):
+        with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
+            group = T.alloc_var(T.int32, H // Hkv)
+            rows = T.alloc_var(T.int32, group * Sq)
+            q_s = T.alloc_shared([block_m, dim], dtype)
+            k_s = T.alloc_shared([block_n, dim], dtype)
+            v_s = T.alloc_shared([block_n, dim_v], dtype)
+            s = T.alloc_fragment([block_m, block_n], acc)
+            p = T.alloc_fragment([block_m, block_n], dtype)
+            o = T.alloc_fragment([block_m, dim_v], acc)
+            m = T.alloc_fragment([block_m], acc)
+            m_prev = T.alloc_fragment([block_m], acc)
+            m_safe = T.alloc_fragment([block_m], acc)
+            alpha = T.alloc_fragment([block_m], acc)
+            row_sum = T.alloc_fragment([block_m], acc)
+            l = T.alloc_fragment([block_m], acc)
+            lse = T.alloc_fragment([block_m], acc)
+
+            # Scalars live in registers (alloc_var): opaque to the simplifier, which otherwise
+            # spends minutes proving facts about the nested min/max/div of the key range.
+            split = T.alloc_var(T.int32, bx % num_splits)
+            r0 = T.alloc_var(T.int32, (bx // num_splits) * block_m)
+            seqlen_k = T.alloc_var(T.int32, SeqlensK[b])
+            lp = T.alloc_var(T.int32, Leftpad[b])
+            off = T.alloc_var(T.int32, seqlen_k - Sq)
+            t_first = T.alloc_var(T.int32, r0 // group)
+            t_last = T.alloc_var(T.int32, (T.min(r0 + block_m, rows) - 1) // group)
+            # Keys any token of this tile can see: [k_lo, k_hi).
+            k_lo = T.alloc_var(T.int32, T.max(T.max(lp, t_first + off - left), 0))
+            k_hi = T.alloc_var(T.int32, T.min(seqlen_k, t_last + off + right + 1))
+            kb_lo = T.alloc_var(T.int32, k_lo // block_n)
+            n_blocks = T.alloc_var(T.int32, T.max(T.ceildiv(T.max(k_hi, 0), block_n) - kb_lo, 0))
+            per_split = T.alloc_var(T.int32, T.ceildiv(n_blocks, num_splits))
+            kb_first = T.alloc_var(T.int32, kb_lo + split * per_split)
+            my_blocks = T.alloc_var(T.int32, T.max(T.min(per_split, n_blocks - split * per_split), 0))
+
+            for i, c in T.Parallel(block_m, dim):
+                r = r0 + i
+                q_s[i, c] = T.if_then_else(r < rows, Q[b, r // group, hk * group + r % group, c], T.cast(0, dtype))
+            T.clear(o)
+            T.clear(l)
+            T.fill(m, neg_inf)
+
+            for it in T.Pipelined(my_blocks, num_stages=num_stages):
+                n0 = (kb_first + it) * block_n
+                for i, c in T.Parallel(block_n, dim):
+                    j = n0 + i
+                    page = BlockTable[b, T.min(j // PS, MB - 1)]
+                    k_s[i, c] = T.if_then_else(T.And(j >= lp, j < seqlen_k), K[T.cast(page, "int64"), j % PS, hk, c], T.cast(0, dtype))
+                T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                if has_softcap:
+                    for i, j in T.Parallel(block_m, block_n):
+                        s[i, j] = T.tanh(s[i, j] * cap_in)
+                interior = T.And(
+                    T.And(n0 >= lp, n0 + block_n <= seqlen_k),
+                    T.And(n0 + block_n - 1 <= t_first + off + right, n0 >= t_last + off - left),
+                )
+                if not interior:
+                    for i, j in T.Parallel(block_m, block_n):
+                        s[i, j] = T.if_then_else(
+                            key_visible((r0 + i) // group, n0 + j, off, seqlen_k, lp, left, right),
+                            s[i, j],
+                            neg_inf,
+                        )
+                T.copy(m, m_prev)
+                T.reduce_max(s, m, dim=1, clear=False)
+                for i in T.Parallel(block_m):
+                    m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
+                    alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
+                for i, j in T.Parallel(block_m, block_n):
+                    s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
+                T.reduce_sum(s, row_sum, dim=1)
+                for i in T.Parallel(block_m):
+                    l[i] = l[i] * alpha[i] + row_sum[i]
+                T.copy(s, p)
+                for i, c in T.Parallel(block_m, dim_v):
+                    o[i, c] *= alpha[i]
+                for i, c in T.Parallel(block_n, dim_v):
+                    j = n0 + i
+                    page = BlockTable[b, T.min(j // PS, MB - 1)]
+                    v_s[i, c] = T.if_then_else(T.And(j >= lp, j < seqlen_k), V[T.cast(page, "int64"), j % PS, hk, c], T.cast(0, dtype))
+                T.gemm(p, v_s, o, policy=FULL_ROW)
+
+            # Epilogue: alpha becomes the output scale, lse the natural-log log-sum-exp.
+            if num_splits == 1:
+                for i in T.Parallel(block_m):
+                    m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
+                    if has_sinks:
+                        sink2 = Sinks[hk * group + (r0 + i) % group] * LOG2E
+                        top = T.max(m_safe[i], sink2)
+                        row_sum[i] = T.exp2(m_safe[i] - top)
+                        l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top)
+                        alpha[i] = row_sum[i] / l[i]
+                        lse[i] = (T.log2(l[i]) + top) * LN2
+                    else:
+                        alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
+                        lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m_safe[i]) * LN2, neg_inf)
+                for i, c in T.Parallel(block_m, dim_v):
+                    r = r0 + i
+                    if r < rows:
+                        O[b, r // group, hk * group + r % group, c] = T.cast(o[i, c] * alpha[i], dtype)
+                for i in T.Parallel(block_m):
+                    r = r0 + i
+                    if r < rows:
+                        LSE[b, hk * group + r % group, r // group] = lse[i]
+            else:
+                for i in T.Parallel(block_m):
+                    alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
+                    lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m[i] * score_scale) * LN2, neg_inf)
+                for i, c in T.Parallel(block_m, dim_v):
+                    r = r0 + i
+                    if r < rows:
+                        Opart[((split * B + b) * Sq + r // group) * H + hk * group + r % group, c] = o[i, c] * alpha[i]
+                for i in T.Parallel(block_m):
+                    r = r0 + i
+                    if r < rows:
+                        LSEpart[((split * B + b) * Sq + r // group) * H + hk * group + r % group] = lse[i]
+
+    return main
+
+
+# --- host side ------------------------------------------------------------------------------
+
+MAX_SPLITS = 128
+
+
+def decode_config(dim: int, dim_v: int) -> dict:
+    """Tiles for one head-dim pair: 128-key blocks up to d = 128, 64 above (shared memory)."""
+    return {"block_n": 128 if max(dim, dim_v) <= 128 else 64, "num_stages": 2, "threads": 128}
+
+
+def choose_splits(ctas: int, n_blocks: int, num_sms: int) -> int:
+    """Splits of each sequence's key blocks so that ``ctas * splits`` CTAs fill the GPU.
+
+    ``ctas`` = CTAs without splitting (batch x kv heads x row tiles); ``n_blocks`` = key blocks
+    of the longest sequence the cache can hold (a host-side bound, so no sync).  Enough CTAs
+    already: 1.  Otherwise the fewest splits whose last wave is at least 85% as full as the
+    best choice's, with at least two key blocks per split.
+    """
+    if ctas >= num_sms or n_blocks <= 2:
+        return 1
+    limit = max(1, min(MAX_SPLITS, n_blocks // 2, -(-2 * num_sms // ctas)))
+    eff = {s: (ctas * s / num_sms) / math.ceil(ctas * s / num_sms) for s in range(1, limit + 1)}
+    # Prefer at least one full wave: splits that fill every SM first.
+    full = [s for s in eff if ctas * s >= num_sms] or list(eff)
+    best = max(eff[s] for s in full)
+    return min(s for s in full if eff[s] >= 0.85 * best)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool):
+    """(decode, combine) compiled for one static structure."""
+    from . import cache
+
+    decode = cache.get(decode_kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
+                       has_softcap=has_softcap, **decode_config(dim, dim_v))
+    from .combine import combine_kernel
+
+    combine = cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks)
+    return decode, combine
+
+
+def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                  softmax_scale: float, window, softcap: float, num_splits: int = 0):
+    """Decode on CUDA: q (B, Sq, H, D); caches contiguous (B_cache, S_cache, Hkv, D) or paged
+    (NP, page, Hkv, D) with ``block_table``; ``seqlens_k`` int32 (B,) keys per entry after the
+    append.  Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
+    import torch
+
+    from . import debug
+
+    reason = unsupported_reason(q, k_cache, v_cache)
+    if reason is not None:
+        raise NotImplementedError(f"flash_attn_with_kvcache: no CUDA kernel for {reason}")
+    b, sq, h, d = q.shape
+    hkv, dv = k_cache.shape[2], v_cache.shape[-1]
+    dev = q.device
+    out = debug.new_output((b, sq, h, dv), q.dtype, dev)
+    lse = debug.new_output((b, h, sq), torch.float32, dev)
+    if out.numel() == 0:
+        return out, lse
+    q = q.contiguous()
+    if block_table is None:
+        rows = torch.arange(b, dtype=torch.int32, device=dev) if cache_batch_idx is None else cache_batch_idx
+        table = rows.reshape(b, 1).to(torch.int32)
+    else:
+        table = block_table
+    table = table.contiguous()
+    leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else torch.zeros(b, dtype=torch.int32, device=dev)
+    cfg = decode_config(d, dv)
+    decode, combine = get_decode_kernels(d, dv, str(q.dtype).removeprefix("torch."), sinks is not None, softcap > 0)
+    if num_splits <= 0:
+        capacity = k_cache.shape[1] * table.shape[1]
+        row_tiles = -(-(h // hkv) * sq // BLOCK_M)
+        num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), _num_sms(dev))
+    num_splits = min(num_splits, MAX_SPLITS)
+    sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, dev)
+    if softcap > 0:
+        score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap
+    else:
+        score_scale, cap_in = softmax_scale * LOG2E, 0.0
+    left, right = host_window(window)
+    if num_splits == 1:
+        opart = torch.empty(1, dv, dtype=torch.float32, device=dev)
+        lsepart = torch.empty(1, dtype=torch.float32, device=dev)
+    else:
+        rows_total = num_splits * b * sq * h
+        opart = debug.new_output((rows_total, dv), torch.float32, dev)
+        lsepart = debug.new_output((rows_total,), torch.float32, dev)
+    decode(q, k_cache, v_cache, table, seqlens_k.contiguous(), leftpad, out, lse, opart, lsepart, sinks32,
+           score_scale, cap_in, left, right, num_splits)
+    if num_splits > 1:
+        combine(opart, lsepart, out, lse, sinks32, num_splits)
+    return out, lse
+
+
+def unsupported_reason(q, k_cache, v_cache):
+    """Why no decode kernel runs this call, or None."""
+    import torch
+
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {q.dtype} (kernels take float16 and bfloat16; use CPU tensors for others)"
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major != 9:
+        return f"GPU sm_{major}{minor} (the decode kernel is built for Hopper, sm_90)"
+    d, dv = q.shape[-1], v_cache.shape[-1]
+    if d % 16 or dv % 16 or d > 256 or dv > 256:
+        return f"headdim {d} / headdim_v {dv} (the decode kernel takes multiples of 16 up to 256)"
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return "non-contiguous k_cache / v_cache"
+    if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) * MAX_SPLITS >= 2**31:
+        return "q with too many rows for 32-bit partial indices"
+    return None

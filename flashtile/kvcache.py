@@ -1,0 +1,368 @@
+"""``flash_attn_with_kvcache``: attention of new query tokens over a (paged) KV cache, with an
+in-place append of the new keys/values and optional rotary embedding (flash-attn's semantics).
+
+Inference only: there is no gradient through this op (as in flash-attn).  The work is one
+``torch.library`` custom op, ``flashtile::kvcache_fwd``, declared to mutate ``k_cache`` and
+``v_cache`` and given a fake implementation, so ``torch.compile(fullgraph=True)`` traces it.
+
+Steps (the same on CPU and CUDA; only the last one differs):
+1. rotary (if ``rotary_cos``/``rotary_sin``): new k at positions ``cache_seqlens[b] + i``; q at
+   ``cache_seqlens[b] + t`` when causal or windowed, else every token of q at
+   ``cache_seqlens[b]`` (flash-attn's convention); fp32 math, rounded to the input dtype;
+2. append: new k/v are written into the cache in place at ``cache_seqlens[b] + i`` (through
+   ``block_table`` for a paged cache), by torch indexing ops (exact, no sync);
+3. attention of q over cache positions ``[cache_leftpad[b], cache_seqlens[b] + seqlen_new)``,
+   bottom-right aligned on that length (``off = seqlen_k - seqlen_q``): CPU tensors run the
+   exact reference (``reference.kvcache_attention``), CUDA tensors the TileLang split-KV decode
+   kernel (``kernels/decode.py``) and, with several splits, the combine kernel
+   (``kernels/combine.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .validation import check_scale, check_sinks, check_softcap, check_window, describe, fail, is_int
+
+FN = "flash_attn_with_kvcache"
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MAX_HEADDIM = 256
+
+
+def _fail(kind, arg, expected, given):
+    fail(FN, kind, arg, expected, given)
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def _tensor(name, x, rank, layout, dtypes=DTYPES):
+    if not isinstance(x, torch.Tensor):
+        _fail(TypeError, name, "a torch.Tensor", describe(x))
+    if x.dim() != rank:
+        _fail(ValueError, name, f"a {rank}-D tensor {layout}", f"shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        _fail(TypeError, f"{name}.dtype", "one of " + ", ".join(str(d).removeprefix("torch.") for d in dtypes), x.dtype)
+
+
+def _int_tensor(name, x, shape, layout, device):
+    if not isinstance(x, torch.Tensor):
+        _fail(TypeError, name, "a torch.Tensor", describe(x))
+    if x.dtype != torch.int32:
+        _fail(TypeError, f"{name}.dtype", "torch.int32", x.dtype)
+    if tuple(x.shape) != tuple(shape):
+        _fail(ValueError, name, f"shape {layout} = {tuple(shape)}", f"shape {tuple(x.shape)}")
+    if x.device != device:
+        _fail(ValueError, f"{name}.device", f"q's device {device}", x.device)
+
+
+def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+             block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse):
+    """Refuse bad input before any work (ValueError/TypeError naming argument, expectation, value)."""
+    _tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    paged = block_table is not None
+    cache_layout = "(num_blocks, page_size, nheads_kv, headdim)" if paged else "(batch_cache, seqlen_cache, nheads_kv, headdim)"
+    _tensor("k_cache", k_cache, 4, cache_layout)
+    _tensor("v_cache", v_cache, 4, cache_layout.replace("headdim)", "headdim_v)"))
+    dev = q.device
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype:
+            _fail(TypeError, f"{name}.dtype", f"q's dtype {q.dtype}", x.dtype)
+        if x.device != dev:
+            _fail(ValueError, f"{name}.device", f"q's device {dev}", x.device)
+        if x.stride(-1) != 1:
+            _fail(ValueError, f"{name}", "contiguous in its last dim (it is updated in place)", f"strides {x.stride()}")
+    b, sq, h, d = q.shape
+    nblocks, page, hkv, dk = k_cache.shape
+    dv = v_cache.shape[-1]
+    if tuple(v_cache.shape[:3]) != (nblocks, page, hkv):
+        _fail(ValueError, "v_cache.shape[:3]", f"k_cache's {(nblocks, page, hkv)}", tuple(v_cache.shape[:3]))
+    if dk != d:
+        _fail(ValueError, "k_cache.shape[3] (headdim)", f"q's headdim {d}", dk)
+    if hkv == 0:
+        _fail(ValueError, "nheads_kv (k_cache.shape[2])", "at least 1", 0)
+    if h % hkv != 0:
+        _fail(ValueError, "nheads (q.shape[2])", f"a multiple of nheads_kv={hkv}", h)
+    for name, dim in (("headdim", d), ("headdim_v", dv)):
+        if not 1 <= dim <= MAX_HEADDIM:
+            _fail(ValueError, name, f"between 1 and {MAX_HEADDIM}", dim)
+    if page == 0:
+        _fail(ValueError, "k_cache.shape[1] (page_size / seqlen_cache)", "at least 1", 0)
+    if paged:
+        if not isinstance(block_table, torch.Tensor):
+            _fail(TypeError, "block_table", "None or a torch.Tensor", describe(block_table))
+        if block_table.dtype != torch.int32:
+            _fail(TypeError, "block_table.dtype", "torch.int32", block_table.dtype)
+        if block_table.dim() != 2 or block_table.shape[0] != b or block_table.shape[1] == 0:
+            _fail(ValueError, "block_table", f"shape (batch, max_blocks_per_seq) = ({b}, >=1)", f"shape {tuple(block_table.shape)}")
+        if block_table.device != dev:
+            _fail(ValueError, "block_table.device", f"q's device {dev}", block_table.device)
+        if cache_batch_idx is not None:
+            _fail(ValueError, "cache_batch_idx", "None with a paged cache (block_table picks the pages)", describe(cache_batch_idx))
+        capacity = block_table.shape[1] * page
+    else:
+        capacity = page
+        if cache_batch_idx is None and nblocks != b:
+            _fail(ValueError, "k_cache.shape[0] (batch_cache)", f"q's batch {b} when cache_batch_idx is None", nblocks)
+    if cache_batch_idx is not None:
+        _int_tensor("cache_batch_idx", cache_batch_idx, (b,), "(batch,)", dev)
+    if cache_leftpad is not None:
+        _int_tensor("cache_leftpad", cache_leftpad, (b,), "(batch,)", dev)
+    if cache_seqlens is None:
+        _fail(TypeError, "cache_seqlens", "an int or an int32 tensor (batch,)", "None")
+    if isinstance(cache_seqlens, torch.Tensor):
+        _int_tensor("cache_seqlens", cache_seqlens, (b,), "(batch,)", dev)
+    elif is_int(cache_seqlens):
+        if not 0 <= cache_seqlens <= capacity:
+            _fail(ValueError, "cache_seqlens", f"between 0 and the cache capacity {capacity}", cache_seqlens)
+    else:
+        _fail(TypeError, "cache_seqlens", "an int or an int32 tensor (batch,)", describe(cache_seqlens))
+    snew = 0
+    if (k is None) != (v is None):
+        _fail(ValueError, "k and v", "both given or both None", f"k {describe(k)}, v {describe(v)}")
+    if k is not None:
+        _tensor("k", k, 4, "(batch, seqlen_new, nheads_kv, headdim)")
+        _tensor("v", v, 4, "(batch, seqlen_new, nheads_kv, headdim_v)")
+        snew = k.shape[1]
+        if tuple(k.shape) != (b, snew, hkv, d):
+            _fail(ValueError, "k", f"shape (batch, seqlen_new, nheads_kv, headdim) = ({b}, {snew}, {hkv}, {d})", f"shape {tuple(k.shape)}")
+        if tuple(v.shape) != (b, snew, hkv, dv):
+            _fail(ValueError, "v", f"shape (batch, seqlen_new, nheads_kv, headdim_v) = ({b}, {snew}, {hkv}, {dv})", f"shape {tuple(v.shape)}")
+        for name, x in (("k", k), ("v", v)):
+            if x.dtype != q.dtype:
+                _fail(TypeError, f"{name}.dtype", f"q's dtype {q.dtype}", x.dtype)
+            if x.device != dev:
+                _fail(ValueError, f"{name}.device", f"q's device {dev}", x.device)
+        if snew > capacity:
+            _fail(ValueError, "k.shape[1] (seqlen_new)", f"at most the cache capacity {capacity}", snew)
+    if (rotary_cos is None) != (rotary_sin is None):
+        _fail(ValueError, "rotary_cos and rotary_sin", "both given or both None", f"{describe(rotary_cos)}, {describe(rotary_sin)}")
+    if rotary_cos is not None:
+        if k is None:
+            _fail(ValueError, "k and v", "given when rotary_cos/rotary_sin are (rotary applies to the appended keys)", "None")
+        for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _tensor(name, x, 2, "(seqlen_ro, rotary_dim / 2)")
+            if x.device != dev:
+                _fail(ValueError, f"{name}.device", f"q's device {dev}", x.device)
+        if rotary_sin.shape != rotary_cos.shape:
+            _fail(ValueError, "rotary_sin", f"rotary_cos's shape {tuple(rotary_cos.shape)}", f"shape {tuple(rotary_sin.shape)}")
+        rd = 2 * rotary_cos.shape[1]
+        if not 0 < rd <= d:
+            _fail(ValueError, "rotary_dim (2 * rotary_cos.shape[1])", f"between 2 and headdim {d}", rd)
+    if not isinstance(rotary_interleaved, bool):
+        _fail(TypeError, "rotary_interleaved", "a bool", describe(rotary_interleaved))
+    for name, flag in (("causal", causal), ("return_lse", return_lse)):
+        if not isinstance(flag, bool):
+            _fail(TypeError, name, "a bool (True or False)", describe(flag))
+    check_scale(FN, "softmax_scale", softmax_scale)
+    check_window(FN, window_size)
+    check_softcap(FN, softcap)
+    check_sinks(FN, sinks, h, dev)
+    if not is_int(num_splits):
+        _fail(TypeError, "num_splits", "an int (0 = heuristic)", describe(num_splits))
+    if num_splits < 0:
+        _fail(ValueError, "num_splits", ">= 0 (0 = heuristic)", num_splits)
+    _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, causal or tuple(window_size) != (-1, -1), snew, capacity, sq)
+
+
+def _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, per_token, snew, capacity, sq):
+    """Checks on the contents of length tensors: always on CPU; on CUDA (a device sync) only
+    with ``FLASHTILE_CHECK_SEQLENS=1``; never while torch.compile traces (data-dependent)."""
+    if torch.compiler.is_compiling():
+        return
+    if not isinstance(cache_seqlens, torch.Tensor):
+        seq = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int64)
+    elif cache_seqlens.device.type == "cpu" or os.environ.get("FLASHTILE_CHECK_SEQLENS") == "1":
+        seq = cache_seqlens.detach().to("cpu", torch.int64)
+    else:
+        return
+    if seq.numel() == 0:
+        return
+    if int(seq.min()) < 0:
+        _fail(ValueError, "cache_seqlens", "non-negative", seq.tolist())
+    if int(seq.max()) + snew > capacity:
+        _fail(ValueError, "cache_seqlens + seqlen_new", f"at most the cache capacity {capacity} for every sequence", (seq + snew).tolist())
+    if cache_leftpad is not None:
+        lp = cache_leftpad.detach().to("cpu", torch.int64)
+        if int(lp.min()) < 0 or bool((lp > seq).any()):
+            _fail(ValueError, "cache_leftpad", "between 0 and cache_seqlens for every sequence", lp.tolist())
+    if rotary_cos is not None:
+        last = int(seq.max()) + max(snew, sq if per_token else 1)
+        if last > rotary_cos.shape[0]:
+            _fail(ValueError, "rotary_cos.shape[0] (seqlen_ro)", f"at least cache_seqlens + max(seqlen_new, seqlen_q) = {last}", rotary_cos.shape[0])
+
+
+# --- host-side steps shared by every device -------------------------------------------------
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool) -> Tensor:
+    """Rotary embedding of the first ``2 * cos.shape[1]`` features of ``x`` (b, s, h, d) at
+    integer ``positions`` (b, s): interleaved pairs (x0, x1), (x2, x3), ... (GPT-J) or halves
+    (GPT-NeoX).  fp32 math (float64 for float64), result in x's dtype."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    half = cos.shape[1]
+    c = cos.to(acc)[positions][:, :, None, :]
+    s = sin.to(acc)[positions][:, :, None, :]
+    xr = x[..., : 2 * half].to(acc)
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rot.to(x.dtype), x[..., 2 * half :]), dim=-1)
+
+
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table) -> None:
+    """Write k/v (b, s_new, h_kv, d) into the caches in place at ``cache_seqlens[b] + i``."""
+    b, snew = k.shape[:2]
+    pos = cache_seqlens.long()[:, None] + torch.arange(snew, device=k.device)
+    if block_table is None:
+        rows = torch.arange(b, device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
+        index = (rows[:, None].expand(b, snew), pos)
+    else:
+        page = k_cache.shape[1]
+        index = (block_table.long().gather(1, pos // page), pos % page)
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)
+
+
+def _impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+          sinks, softmax_scale, window_left, window_right, softcap, rotary_interleaved, num_splits):
+    b, sq = q.shape[:2]
+    snew = 0 if k is None else k.shape[1]
+    if rotary_cos is not None:
+        base = cache_seqlens.long()[:, None]
+        per_token = window_left >= 0 or window_right >= 0  # causal or local
+        qpos = base + (torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device))
+        q = apply_rotary(q, rotary_cos, rotary_sin, qpos, rotary_interleaved)
+        k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)
+    if snew:
+        append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+    seqlens_k = cache_seqlens + snew if snew else cache_seqlens
+    window = (window_left, window_right)
+    if q.device.type == "cuda":
+        from .kernels.decode import launch_decode
+
+        out, lse = launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
+                                 sinks, softmax_scale, window, softcap, num_splits)
+    elif q.device.type == "cpu":
+        out, lse = reference.kvcache_attention(q, k_cache, v_cache, seqlens_k, softmax_scale, window, sinks, softcap,
+                                               cache_batch_idx, cache_leftpad, block_table)
+    else:
+        raise NotImplementedError(f"{FN}: no implementation for device type {q.device.type!r}")
+    return out.contiguous(), lse.contiguous()
+
+
+@torch.library.custom_op("flashtile::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
+def kvcache_fwd(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    rotary_cos: Optional[Tensor],
+    rotary_sin: Optional[Tensor],
+    cache_seqlens: Tensor,
+    cache_batch_idx: Optional[Tensor],
+    cache_leftpad: Optional[Tensor],
+    block_table: Optional[Tensor],
+    sinks: Optional[Tensor],
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    rotary_interleaved: bool,
+    num_splits: int,
+) -> tuple[Tensor, Tensor]:
+    """(out, lse) of ``flash_attn_with_kvcache``; appends k/v to the caches in place."""
+    with torch.no_grad():
+        return _impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                     block_table, sinks, softmax_scale, window_left, window_right, softcap, rotary_interleaved, num_splits)
+
+
+@kvcache_fwd.register_fake
+def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+      sinks, softmax_scale, window_left, window_right, softcap, rotary_interleaved, num_splits):
+    b, sq, h, _ = q.shape
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return q.new_empty(b, sq, h, v_cache.shape[-1]), q.new_empty(b, h, sq, dtype=acc)
+
+
+def flash_attn_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor] = None,
+    v: Optional[Tensor] = None,
+    rotary_cos: Optional[Tensor] = None,
+    rotary_sin: Optional[Tensor] = None,
+    cache_seqlens=None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
+    block_table: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    sinks: Optional[Tensor] = None,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    num_splits: int = 0,
+    return_lse: bool = False,
+):
+    """Attention of ``q`` over a KV cache, appending new keys/values in place (decoding).
+
+    Drop-in for ``flash_attn.flash_attn_with_kvcache``.  Inference only: no gradient flows
+    through this function (k_cache / v_cache are modified in place).
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim): the new query tokens (1 for plain decoding,
+            a few for speculative decoding, any number for chunked prefill).
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_kv, headdim / headdim_v), or with
+            ``block_table`` a paged cache (num_blocks, page_size, nheads_kv, headdim / headdim_v)
+            with any page_size >= 1.  Same dtype and device as q; last dim contiguous.
+        k, v: None, or (batch, seqlen_new, nheads_kv, headdim / headdim_v) written into the
+            cache in place at positions ``cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1``.
+        rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2): rotary embedding applied
+            to the new k (positions ``cache_seqlens[b] + i``) and to q (positions
+            ``cache_seqlens[b] + t`` when causal or windowed, else ``cache_seqlens[b]`` for every
+            token), on the first ``rotary_dim`` features; needs k and v.
+        cache_seqlens: int, or int32 (batch,): tokens already in each sequence's cache.
+        cache_batch_idx: None, or int32 (batch,): cache row of each batch entry (contiguous
+            caches only; default ``arange(batch)``).
+        cache_leftpad: None, or int32 (batch,): first valid cache position; keys before it are
+            invisible.
+        block_table: None, or int32 (batch, max_blocks_per_seq): page of each logical block;
+            cache position j of entry b lives at ``k_cache[block_table[b, j // page_size],
+            j % page_size]``.
+        softmax_scale: default ``1 / sqrt(headdim)``.
+        causal: bottom-right aligned over the keys ``[cache_leftpad, cache_seqlens + seqlen_new)``:
+            token t sees keys up to ``cache_seqlens + seqlen_new - seqlen_q + t``.
+        window_size, sinks, softcap: as in ``flash_attn_func``.
+        rotary_interleaved: GPT-J style pairs (True) or GPT-NeoX halves (False).
+        num_splits: key-range splits per sequence on CUDA (0 = heuristic from batch, heads,
+            cache length and the SM count; 1 = no split); ignored on CPU.
+        return_lse: also return lse (batch, nheads, seqlen_q) float32, natural log.
+
+    Returns:
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or ``(out, lse)``.
+    """
+    validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+             block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0
+    out, lse = kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, block_table, sinks, float(softmax_scale), left, right, float(softcap),
+                           bool(rotary_interleaved), int(num_splits))
+    return (out, lse) if return_lse else out

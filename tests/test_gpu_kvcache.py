@@ -1,0 +1,252 @@
+"""flash_attn_with_kvcache's CUDA kernels (split-KV decode + combine) against the reference,
+with flash-attn's rule (marker ``gpu``; skipped without CUDA).
+
+With ``ref32`` the CPU reference on the inputs upcast to float32 and ``ref_lp`` the CPU
+reference on the low-precision inputs (output rounded to that precision):
+
+    err(kernel, ref32) <= 2 * err(ref_lp, ref32) + 1e-5 * max(1, max|ref32|)    (out and lse)
+
+lse is compared on finite entries and must be -inf exactly where ref32's is.  Outputs are
+NaN-poisoned before the launch (``debug.poison``), and every cache position that is not part
+of a sequence (past its length, before its left padding, unused pages) holds NaN, so a kernel
+that reads or writes outside its range fails.  The caches after the call must equal the
+reference's caches (the in-place append).  Inputs are fresh ``torch.randn`` draws.
+
+One command: ``python -m pytest -q -m gpu tests/test_gpu_kvcache.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from flashtile import flash_attn_with_kvcache
+from flashtile.kernels import debug
+
+pytestmark = pytest.mark.gpu
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+@dataclass(frozen=True)
+class C:
+    batch: int = 1
+    length: int = 129  # keys of the longest entry after the append (others are shorter)
+    sq: int = 1
+    snew: int = 1
+    page: int | None = None  # None = contiguous cache
+    h: int = 8
+    hkv: int = 2
+    d: int = 128
+    dv: int = 128
+    dtype: torch.dtype = BF16
+    splits: int = 0
+    causal: bool = True
+    window: tuple = (-1, -1)
+    leftpad: bool = False
+    sinks: bool = False
+    softcap: float = 0.0
+    rotary: str = ""  # "", "inter", "halves"
+    batch_idx: bool = False
+
+    @property
+    def id(self) -> str:
+        parts = [
+            "bf16" if self.dtype == BF16 else "fp16", f"b{self.batch}", f"L{self.length}", f"sq{self.sq}", f"new{self.snew}",
+            "contig" if self.page is None else f"page{self.page}", f"h{self.h}-{self.hkv}", f"d{self.d}-{self.dv}",
+            f"splits{self.splits}", "causal" if self.causal else "full",
+        ]
+        if self.window != (-1, -1):
+            parts.append(f"win{self.window[0]},{self.window[1]}")
+        parts += [x for x, on in (("leftpad", self.leftpad), ("sinks", self.sinks), ("bidx", self.batch_idx)) if on]
+        if self.softcap:
+            parts.append(f"cap{self.softcap}")
+        if self.rotary:
+            parts.append(f"rot-{self.rotary}")
+        return "-".join(parts)
+
+
+GRID = [
+    # plain decode, every cache length, page size and split choice
+    C(batch=1, length=1, splits=7),
+    C(batch=1, length=17, page=1, splits=1),
+    C(batch=3, length=129, page=16),
+    C(batch=7, length=1000, page=64, splits=7),
+    C(batch=1, length=8191, page=256),
+    C(batch=3, length=8191, splits=1, h=32, hkv=8),
+    C(batch=7, length=1000, h=8, hkv=1, causal=False),
+    # several query tokens (speculative decoding)
+    C(batch=3, length=1000, sq=2, snew=2, page=16, h=32, hkv=8),
+    C(batch=1, length=8191, sq=4, snew=4, h=32, hkv=8, splits=7),
+    C(batch=7, length=129, sq=16, snew=16, page=64, h=8, hkv=1),
+    C(batch=3, length=17, sq=4, snew=0, page=1, dtype=FP16),
+    C(batch=1, length=1000, sq=40, snew=40, h=4, hkv=4, splits=1),  # more rows than one tile
+    # mask features
+    C(batch=3, length=1000, sq=4, snew=4, window=(64, -1), page=16),
+    C(batch=7, length=8191, sq=2, snew=2, window=(100, -1), splits=7, h=32, hkv=8),
+    C(batch=3, length=1000, sq=4, snew=1, causal=False, window=(50, 50), dtype=FP16),
+    C(batch=3, length=1000, sq=4, snew=2, leftpad=True, page=64),
+    C(batch=7, length=129, sq=1, leftpad=True, splits=7, batch_idx=True),
+    C(batch=3, length=1000, sq=4, snew=4, sinks=True, splits=1),
+    C(batch=3, length=8191, sq=1, sinks=True, splits=7, page=256, dtype=FP16),
+    C(batch=1, length=1000, sq=2, snew=2, softcap=30.0, page=16),
+    C(batch=3, length=129, sq=4, snew=4, rotary="inter", page=16),
+    C(batch=3, length=1000, sq=4, snew=4, rotary="halves", causal=False),
+    C(batch=3, length=1000, sq=2, snew=2, rotary="inter", window=(200, -1), leftpad=True, sinks=True, softcap=20.0,
+      page=1, splits=7, dtype=FP16),
+    # head dims
+    C(batch=3, length=1000, sq=4, snew=4, d=64, dv=64, page=16, dtype=FP16),
+    C(batch=7, length=1000, sq=1, d=64, dv=64, splits=7),
+    C(batch=3, length=1000, sq=4, snew=4, d=192, dv=128, page=64),
+    C(batch=1, length=8191, sq=2, snew=2, d=192, dv=128, dtype=FP16, sinks=True, splits=7),
+    C(batch=3, length=17, sq=16, snew=16, d=192, dv=128, page=1, h=32, hkv=8),
+]
+
+
+def test_grid_covers_every_axis():
+    seen = lambda f: {f(c) for c in GRID}  # noqa: E731
+    assert seen(lambda c: c.batch) >= {1, 3, 7}
+    assert seen(lambda c: c.length) >= {1, 17, 129, 1000, 8191}
+    assert seen(lambda c: c.sq) >= {1, 2, 4, 16}
+    assert seen(lambda c: c.page) >= {None, 1, 16, 64, 256}
+    assert seen(lambda c: c.h // c.hkv) >= {1, 4, 8}
+    assert seen(lambda c: c.splits) >= {0, 1, 7}
+    assert seen(lambda c: (c.d, c.dv)) >= {(64, 64), (128, 128), (192, 128)}
+    for d in ((64, 64), (128, 128), (192, 128)):
+        assert {c.dtype for c in GRID if (c.d, c.dv) == d} == {BF16, FP16}
+    assert all(any(f(c) for c in GRID) for f in (
+        lambda c: c.leftpad, lambda c: c.sinks, lambda c: c.softcap > 0, lambda c: c.rotary == "inter",
+        lambda c: c.rotary == "halves", lambda c: c.window != (-1, -1), lambda c: not c.causal, lambda c: c.batch_idx,
+    ))
+
+
+def make_inputs(c: C):
+    """CUDA inputs; cache positions outside every sequence hold NaN."""
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(zlib.crc32(c.id.encode()))
+    rnd = lambda *s: torch.randn(*s, device=dev, generator=g).to(c.dtype)  # noqa: E731
+    lengths = torch.tensor([max(c.snew, c.length - (b * c.length) // (c.batch + 1)) for b in range(c.batch)])
+    lengths[0] = c.length
+    cache_seqlens = (lengths - c.snew).to(torch.int32)
+    capacity = c.length + 5
+    kw = {"cache_seqlens": cache_seqlens.to(dev)}
+    leftpad = (cache_seqlens.long() * torch.tensor([(b % 3) / 4 for b in range(c.batch)])).long() if c.leftpad else torch.zeros(c.batch, dtype=torch.long)
+    if c.leftpad:
+        kw["cache_leftpad"] = leftpad.to(torch.int32).to(dev)
+    if c.page is None:
+        bc = c.batch + (2 if c.batch_idx else 0)
+        k_cache = torch.full((bc, capacity, c.hkv, c.d), float("nan"), dtype=c.dtype, device=dev)
+        v_cache = torch.full((bc, capacity, c.hkv, c.dv), float("nan"), dtype=c.dtype, device=dev)
+        rows = torch.randperm(bc, device=dev, generator=g)[: c.batch] if c.batch_idx else torch.arange(c.batch, device=dev)
+        if c.batch_idx:
+            kw["cache_batch_idx"] = rows.to(torch.int32)
+        for b in range(c.batch):
+            lo, hi = int(leftpad[b]), int(cache_seqlens[b])
+            k_cache[rows[b], lo:hi] = rnd(hi - lo, c.hkv, c.d)
+            v_cache[rows[b], lo:hi] = rnd(hi - lo, c.hkv, c.dv)
+    else:
+        nb = -(-capacity // c.page)
+        pages = c.batch * nb + 2
+        k_cache = torch.full((pages, c.page, c.hkv, c.d), float("nan"), dtype=c.dtype, device=dev)
+        v_cache = torch.full((pages, c.page, c.hkv, c.dv), float("nan"), dtype=c.dtype, device=dev)
+        table = torch.randperm(pages, device=dev, generator=g)[: c.batch * nb].reshape(c.batch, nb).to(torch.int32)
+        kw["block_table"] = table
+        for b in range(c.batch):
+            pos = torch.arange(int(leftpad[b]), int(cache_seqlens[b]), device=dev)
+            idx = (table[b].long()[pos // c.page], pos % c.page)
+            k_cache[idx] = rnd(pos.numel(), c.hkv, c.d)
+            v_cache[idx] = rnd(pos.numel(), c.hkv, c.dv)
+    kw["k_cache"], kw["v_cache"] = k_cache, v_cache
+    if c.snew:
+        kw["k"], kw["v"] = rnd(c.batch, c.snew, c.hkv, c.d), rnd(c.batch, c.snew, c.hkv, c.dv)
+    if c.rotary:
+        angle = torch.rand(capacity + c.sq, c.d // 4, device=dev, generator=g) * 2 * math.pi
+        kw["rotary_cos"], kw["rotary_sin"] = angle.cos().to(c.dtype), angle.sin().to(c.dtype)
+    q = rnd(c.batch, c.sq, c.h, c.d)
+    sinks = torch.randn(c.h, device=dev, generator=g) if c.sinks else None
+    return q, kw, sinks
+
+
+def _to(kw, device, upcast):
+    out = {}
+    for k, v in kw.items():
+        v = v.to(device)
+        out[k] = v.float() if (upcast and v.is_floating_point()) else v.clone()
+    return out
+
+
+def _err(a, b):
+    return (a.float().cpu() - b.float().cpu()).abs().max().item() if a.numel() else 0.0
+
+
+@pytest.mark.parametrize("c", GRID, ids=lambda c: c.id)
+def test_kernel_matches_reference(c: C):
+    q, kw, sinks = make_inputs(c)
+    args = dict(causal=c.causal, window_size=c.window, softcap=c.softcap, rotary_interleaved=c.rotary != "halves", return_lse=True)
+    kw32, kwlp = _to(kw, "cpu", True), _to(kw, "cpu", False)
+    s_cpu = None if sinks is None else sinks.cpu()
+    with debug.poison():
+        out, lse = flash_attn_with_kvcache(q, sinks=sinks, num_splits=c.splits, **kw, **args)
+    torch.cuda.synchronize()
+    o32, l32 = flash_attn_with_kvcache(q.cpu().float(), sinks=s_cpu, **kw32, **args)
+    olp, llp = flash_attn_with_kvcache(q.cpu(), sinks=s_cpu, **kwlp, **args)
+    assert not out.isnan().any(), "NaN in the output (unwritten element, or a NaN cache row was read)"
+    assert not lse.isnan().any()
+    scale = max(1.0, o32.abs().max().item())
+    bound = 2 * _err(olp, o32) + 1e-5 * scale
+    assert _err(out, o32) <= bound, f"out error {_err(out, o32):.3g} > {bound:.3g}"
+    lse_c = lse.cpu()
+    assert torch.equal(torch.isinf(lse_c), torch.isinf(l32)), "lse -inf pattern differs"
+    fin = torch.isfinite(l32)
+    lbound = 2 * _err(llp[fin], l32[fin]) + 1e-5 * max(1.0, l32[fin].abs().max().item() if fin.any() else 1.0)
+    assert _err(lse_c[fin], l32[fin]) <= lbound, f"lse error {_err(lse_c[fin], l32[fin]):.3g} > {lbound:.3g}"
+    # the in-place append: same caches as the reference's (NaN where untouched)
+    for name in ("k_cache", "v_cache"):
+        got, want = kw[name].cpu(), kwlp[name]
+        if c.rotary and name == "k_cache":
+            torch.testing.assert_close(got, want, equal_nan=True, atol=1e-2, rtol=1e-2)
+        else:
+            assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"{name} differs after the append"
+
+
+def test_splits_agree():
+    """The same call with 1, 3 and 16 splits: the same output up to fp32 reassociation."""
+    c = C(batch=2, length=4000, sq=4, snew=0, page=16, h=32, hkv=8)
+    q, kw, _ = make_inputs(c)
+    outs = [flash_attn_with_kvcache(q, num_splits=s, causal=True, **kw) for s in (1, 3, 16)]
+    for o in outs[1:]:
+        assert _err(o, outs[0]) <= 2e-2
+
+
+def test_no_recompile_across_shapes():
+    """Batch, lengths, page size, heads, GQA ratio, query tokens and splits are runtime values."""
+    from flashtile.kernels import cache
+
+    q, kw, _ = make_inputs(C())
+    flash_attn_with_kvcache(q, causal=True, **kw)  # builds the bf16 d=128 kernels once
+    before = cache.total_builds()
+    for c in (C(batch=3, length=1000, page=16), C(batch=7, length=17, page=1, sq=4, snew=4, h=32, hkv=8),
+              C(batch=1, length=8191, splits=7, h=4, hkv=4), C(batch=2, length=300, page=64, sq=16, snew=3, h=8, hkv=1)):
+        q, kw, _ = make_inputs(c)
+        flash_attn_with_kvcache(q, num_splits=c.splits, causal=True, **kw)
+    torch.cuda.synchronize()
+    assert cache.total_builds() == before
+
+
+def test_torch_compile_cuda():
+    c = C(batch=2, length=500, sq=2, snew=2, page=16)
+    q, kw, _ = make_inputs(c)
+    ref_kw = {k: v.clone() for k, v in kw.items()}
+
+    @torch.compile(fullgraph=True)
+    def step(q, kw):
+        return flash_attn_with_kvcache(q, causal=True, **kw)
+
+    out = step(q, kw)
+    ref = flash_attn_with_kvcache(q, causal=True, **ref_kw)
+    assert _err(out, ref) == 0.0
+    assert torch.equal(kw["k_cache"].nan_to_num(7.0), ref_kw["k_cache"].nan_to_num(7.0))

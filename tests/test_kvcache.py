@@ -1,0 +1,415 @@
+"""flash_attn_with_kvcache on CPU (the exact reference path) against an independent float64
+computation; in-place append semantics; rotary; paged vs contiguous; validation; custom-op
+checks; torch.compile.  ``test_build_*`` (marker ``compile``) build the CUDA decode kernels
+for sm_90a with nvcc (no GPU needed)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+
+import pytest
+import torch
+
+import flashtile
+from flashtile import kvcache
+from flashtile.kvcache import flash_attn_with_kvcache
+
+F64 = torch.float64
+
+
+# --- an independent float64 model of the whole call ----------------------------------------
+
+
+def naive_rotary(x, cos, sin, pos, interleaved):
+    """x (s, h, d) float64, pos (s,) ints: rotate the first 2 * cos.shape[1] features."""
+    x = x.clone()
+    half = cos.shape[1]
+    for i, p in enumerate(pos):
+        for f in range(half):
+            c, s = float(cos[p, f]), float(sin[p, f])
+            a, b = (2 * f, 2 * f + 1) if interleaved else (f, f + half)
+            xa, xb = x[i, :, a].clone(), x[i, :, b].clone()
+            x[i, :, a] = xa * c - xb * s
+            x[i, :, b] = xa * s + xb * c
+    return x
+
+
+def logical_cache(cache, b, capacity, batch_idx, block_table):
+    """Entry b's cache as (capacity, h, d) float64, read position by position."""
+    rows = []
+    for j in range(capacity):
+        if block_table is None:
+            row = b if batch_idx is None else int(batch_idx[b])
+            rows.append(cache[row, j])
+        else:
+            page = cache.shape[1]
+            rows.append(cache[int(block_table[b, j // page]), j % page])
+    return torch.stack(rows).to(F64)
+
+
+def naive_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                  cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                  window_size=(-1, -1), sinks=None, softcap=0.0, rotary_interleaved=True):
+    """(out, lse) in float64, from the documented semantics, one (batch, head, token) at a time."""
+    b_, sq, h, d = q.shape
+    hkv = k_cache.shape[2]
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(d)
+    left, right = window_size
+    if causal:
+        right = 0
+    seqlens = [cache_seqlens] * b_ if isinstance(cache_seqlens, int) else cache_seqlens.tolist()
+    snew = 0 if k is None else k.shape[1]
+    out = torch.zeros(b_, sq, h, v_cache.shape[-1], dtype=F64)
+    lse = torch.full((b_, h, sq), -math.inf, dtype=F64)
+    for b in range(b_):
+        K = logical_cache(k_cache, b, capacity, cache_batch_idx, block_table)
+        V = logical_cache(v_cache, b, capacity, cache_batch_idx, block_table)
+        qb = q[b].to(F64)
+        n0 = seqlens[b]
+        if snew:
+            kb = k[b].to(F64)
+            if rotary_cos is not None:
+                kb = naive_rotary(kb, rotary_cos.to(F64), rotary_sin.to(F64), [n0 + i for i in range(snew)], rotary_interleaved)
+            K[n0 : n0 + snew] = kb
+            V[n0 : n0 + snew] = v[b].to(F64)
+        if rotary_cos is not None:
+            per_token = causal or tuple(window_size) != (-1, -1)
+            qb = naive_rotary(qb, rotary_cos.to(F64), rotary_sin.to(F64), [n0 + (t if per_token else 0) for t in range(sq)], rotary_interleaved)
+        L = n0 + snew
+        lp = 0 if cache_leftpad is None else int(cache_leftpad[b])
+        for hh in range(h):
+            kv = hh // (h // hkv)
+            for t in range(sq):
+                logits, vals = [], []
+                for j in range(lp, L):
+                    diag = t + L - sq
+                    if right >= 0 and j > diag + right:
+                        continue
+                    if left >= 0 and j < diag - left:
+                        continue
+                    s = float(qb[t, hh] @ K[j, kv]) * scale
+                    if softcap > 0:
+                        s = softcap * math.tanh(s / softcap)
+                    logits.append(s)
+                    vals.append(V[j, kv])
+                terms = logits + ([float(sinks[hh])] if sinks is not None else [])
+                if not terms:
+                    continue
+                m = max(terms)
+                z = sum(math.exp(x - m) for x in terms)
+                lse[b, hh, t] = m + math.log(z)
+                for x, val in zip(logits, vals):
+                    out[b, t, hh] += math.exp(x - m) / z * val
+    return out, lse
+
+
+def make_case(batch=2, sq=1, h=4, hkv=2, d=32, dv=32, capacity=40, snew=1, page=None, dtype=F64, batch_cache=None,
+              seqlens=None, rotary=None, leftpad=False, batch_idx=False, gen=None):
+    """Inputs of one call; ``page`` None = contiguous cache."""
+    g = gen or torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=F64).to(dtype)  # noqa: E731
+    q = rnd(batch, sq, h, d)
+    kw = {}
+    if seqlens is None:
+        seqlens = torch.randint(0, capacity - snew + 1, (batch,), generator=g)
+    kw["cache_seqlens"] = seqlens.to(torch.int32)
+    if page is None:
+        bc = batch_cache or batch
+        kw["k_cache"], kw["v_cache"] = rnd(bc, capacity, hkv, d), rnd(bc, capacity, hkv, dv)
+        if batch_idx:
+            kw["cache_batch_idx"] = torch.randperm(bc, generator=g)[:batch].to(torch.int32)
+    else:
+        nb = -(-capacity // page)
+        pages = batch * nb + 3
+        kw["k_cache"], kw["v_cache"] = rnd(pages, page, hkv, d), rnd(pages, page, hkv, dv)
+        kw["block_table"] = torch.randperm(pages, generator=g)[: batch * nb].reshape(batch, nb).to(torch.int32)
+    if snew:
+        kw["k"], kw["v"] = rnd(batch, snew, hkv, d), rnd(batch, snew, hkv, dv)
+    if leftpad:
+        kw["cache_leftpad"] = (torch.rand(batch, generator=g) * (kw["cache_seqlens"] + 1).double()).long().clamp(max=kw["cache_seqlens"]).to(torch.int32)
+    if rotary:
+        ro = capacity + sq + 2
+        angle = torch.rand(ro, rotary // 2, generator=g, dtype=F64) * 6
+        kw["rotary_cos"], kw["rotary_sin"] = angle.cos().to(dtype), angle.sin().to(dtype)
+    return q, kw
+
+
+def clone_kw(kw):
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+def to_paged(k_cache, page, gen, cache_batch_idx=None):
+    """The same logical contents as a contiguous cache, stored in shuffled pages of ``page`` rows."""
+    bc, cap = k_cache.shape[:2]
+    batch = bc if cache_batch_idx is None else cache_batch_idx.numel()
+    rows = torch.arange(batch) if cache_batch_idx is None else cache_batch_idx.long()
+    nb = -(-cap // page)
+    perm = torch.randperm(batch * nb, generator=gen)
+    table = perm.reshape(batch, nb).to(torch.int32)
+    paged = torch.zeros(batch * nb, page, *k_cache.shape[2:], dtype=k_cache.dtype)
+    for b in range(batch):
+        for j in range(cap):
+            paged[table[b, j // page], j % page] = k_cache[rows[b], j]
+    return paged, table
+
+
+# --- the reference against the naive model --------------------------------------------------
+
+CASES = [
+    # (batch, sq, h, hkv, d, dv, capacity, snew, page, causal, window, sinks, softcap, rotary, interleaved, leftpad, batch_idx)
+    dict(),
+    dict(sq=4, causal=True),
+    dict(sq=16, h=8, hkv=1, causal=True, page=3),
+    dict(sq=17, h=2, hkv=2, causal=True, snew=17, capacity=50, page=16),
+    dict(sq=3, snew=0, window=(5, 2), page=1),
+    dict(sq=2, causal=True, window=(7, -1), sinks=True, leftpad=True),
+    dict(sq=5, softcap=2.0, batch_idx=True, batch_cache=4, snew=2),
+    dict(sq=4, causal=True, rotary=16, interleaved=True, snew=4, page=16),
+    dict(sq=4, causal=False, rotary=32, interleaved=False, snew=2),
+    dict(sq=2, causal=True, window=(3, -1), rotary=8, interleaved=False, snew=2, leftpad=True, page=256, capacity=300, batch=1),
+    dict(d=48, dv=24, sq=3, h=6, hkv=3, causal=True, sinks=True, softcap=5.0, page=3),
+    dict(sq=20, causal=True, snew=3, leftpad=True, sinks=True),  # seqlen_q > 16, some rows see nothing
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_reference_matches_naive(case, gen):
+    c = dict(CASES[case])
+    causal, window = c.pop("causal", False), c.pop("window", (-1, -1))
+    sinks, softcap = c.pop("sinks", False), c.pop("softcap", 0.0)
+    interleaved = c.pop("interleaved", True)
+    c.setdefault("batch", 2)
+    q, kw = make_case(gen=gen, **c)
+    h = q.shape[2]
+    s = torch.randn(h, generator=gen, dtype=F64) if sinks else None
+    ref_kw = clone_kw(kw)
+    out, lse = flash_attn_with_kvcache(q, causal=causal, window_size=window, sinks=s, softcap=softcap,
+                                       rotary_interleaved=interleaved, return_lse=True, **kw)
+    eo, el = naive_kvcache(q, causal=causal, window_size=window, sinks=s, softcap=softcap,
+                           rotary_interleaved=interleaved, **ref_kw)
+    torch.testing.assert_close(out, eo, atol=1e-10, rtol=1e-10)
+    assert torch.equal(torch.isinf(lse), torch.isinf(el))
+    torch.testing.assert_close(lse[torch.isfinite(el)], el[torch.isfinite(el)], atol=1e-10, rtol=1e-10)
+
+
+def test_fully_masked_rows_are_zero_not_nan(gen):
+    """Empty caches, leftpad == length, and a window that sees nothing: out 0, lse -inf."""
+    q, kw = make_case(batch=3, sq=2, snew=0, seqlens=torch.tensor([0, 5, 9]), gen=gen)
+    kw["cache_leftpad"] = torch.tensor([0, 5, 2], dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(q, window_size=(0, -1), causal=True, return_lse=True, **kw)
+    assert not out.isnan().any()
+    assert torch.equal(out[:2], torch.zeros_like(out[:2])) and torch.isinf(lse[:2]).all()
+    assert torch.isfinite(lse[2]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_low_precision_dtypes(dtype, gen):
+    q, kw = make_case(sq=3, dtype=dtype, page=16, rotary=16, gen=gen)
+    ref_kw = clone_kw(kw)
+    out, lse = flash_attn_with_kvcache(q, causal=True, return_lse=True, **kw)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    eo, _ = naive_kvcache(q, causal=True, **ref_kw)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.to(F64), eo, atol=tol, rtol=tol)
+
+
+# --- in-place append ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", [None, 1, 3, 16])
+def test_append_in_place(page, gen):
+    q, kw = make_case(batch=3, sq=2, snew=3, page=page, rotary=16, batch_cache=5 if page is None else None,
+                      batch_idx=page is None, gen=gen)
+    before = clone_kw(kw)
+    q0 = q.clone()
+    k_cache, v_cache = kw["k_cache"], kw["v_cache"]
+    flash_attn_with_kvcache(q, causal=True, **kw)
+    # inputs other than the caches are untouched
+    assert torch.equal(q, q0)
+    for name in ("k", "v", "cache_seqlens", "block_table", "cache_batch_idx", "rotary_cos", "rotary_sin"):
+        if name in kw:
+            assert torch.equal(kw[name], before[name]), name
+    # the caches changed exactly at the appended positions, to rotated k and plain v
+    changed_k = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
+    for b in range(3):
+        for i in range(3):
+            j = int(kw["cache_seqlens"][b]) + i
+            if page is None:
+                row, col = int(kw["cache_batch_idx"][b]), j
+            else:
+                row, col = int(kw["block_table"][b, j // page]), j % page
+            changed_k[row, col] = True
+            rot = naive_rotary(kw["k"][b, i : i + 1].to(F64), kw["rotary_cos"], kw["rotary_sin"], [j], True)[0]
+            torch.testing.assert_close(k_cache[row, col], rot, atol=1e-12, rtol=0)
+            assert torch.equal(v_cache[row, col], kw["v"][b, i])
+    assert torch.equal(k_cache[~changed_k], before["k_cache"][~changed_k])
+    assert torch.equal(v_cache[~changed_k], before["v_cache"][~changed_k])
+
+
+def test_int_cache_seqlens_and_no_new_kv(gen):
+    q, kw = make_case(batch=2, sq=1, snew=0, seqlens=torch.tensor([7, 7]), gen=gen)
+    a = flash_attn_with_kvcache(q, kw["k_cache"], kw["v_cache"], cache_seqlens=7)
+    b = flash_attn_with_kvcache(q, kw["k_cache"], kw["v_cache"], cache_seqlens=kw["cache_seqlens"])
+    assert torch.equal(a, b)
+
+
+# --- paged vs contiguous --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", [1, 3, 16, 256])
+def test_paged_equals_contiguous(page, gen):
+    q, kw = make_case(batch=3, sq=4, capacity=70, snew=2, leftpad=True, gen=gen)
+    s = torch.randn(q.shape[2], generator=gen, dtype=F64)
+    kp, table = to_paged(kw["k_cache"], page, gen)
+    vp, _ = to_paged(kw["v_cache"], page, torch.Generator().manual_seed(gen.initial_seed()))
+    # same permutation for v: rebuild with the table we got for k
+    vp = torch.zeros(table.numel(), page, *kw["v_cache"].shape[2:], dtype=F64)
+    for b in range(3):
+        for j in range(70):
+            vp[table[b, j // page], j % page] = kw["v_cache"][b, j]
+    args = dict(k=kw["k"], v=kw["v"], cache_seqlens=kw["cache_seqlens"], cache_leftpad=kw["cache_leftpad"],
+                causal=True, sinks=s, return_lse=True)
+    oc, lc = flash_attn_with_kvcache(q, kw["k_cache"], kw["v_cache"], **args)
+    op, lp = flash_attn_with_kvcache(q, kp, vp, block_table=table, **args)
+    torch.testing.assert_close(op, oc, atol=1e-12, rtol=0)
+    torch.testing.assert_close(lp, lc, atol=1e-12, rtol=0)
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def _valid(gen, page=None):
+    q, kw = make_case(batch=2, sq=1, snew=1, page=page, dtype=torch.float32, gen=gen)
+    return q, kw
+
+
+BAD = [
+    ("q", lambda q, kw: (q[0], kw), ValueError, "q must be a 4-D"),
+    ("k_cache dtype", lambda q, kw: (q, {**kw, "k_cache": kw["k_cache"].double()}), TypeError, "k_cache.dtype"),
+    ("v_cache heads", lambda q, kw: (q, {**kw, "v_cache": kw["v_cache"][:, :, :1]}), ValueError, "v_cache.shape[:3]"),
+    ("nheads", lambda q, kw: (q[:, :, :3], kw), ValueError, "nheads"),
+    ("headdim", lambda q, kw: (q[..., :16], kw), ValueError, "headdim"),
+    ("seqlens dtype", lambda q, kw: (q, {**kw, "cache_seqlens": kw["cache_seqlens"].long()}), TypeError, "cache_seqlens.dtype"),
+    ("seqlens shape", lambda q, kw: (q, {**kw, "cache_seqlens": kw["cache_seqlens"][:1]}), ValueError, "cache_seqlens"),
+    ("seqlens none", lambda q, kw: (q, {**kw, "cache_seqlens": None}), TypeError, "cache_seqlens"),
+    ("seqlens float", lambda q, kw: (q, {**kw, "cache_seqlens": 3.0}), TypeError, "cache_seqlens"),
+    ("too long", lambda q, kw: (q, {**kw, "cache_seqlens": torch.tensor([40, 0], dtype=torch.int32)}), ValueError, "cache_seqlens + seqlen_new"),
+    ("negative", lambda q, kw: (q, {**kw, "cache_seqlens": torch.tensor([-1, 0], dtype=torch.int32)}), ValueError, "non-negative"),
+    ("k only", lambda q, kw: (q, {**kw, "v": None}), ValueError, "k and v"),
+    ("k heads", lambda q, kw: (q, {**kw, "k": kw["k"][:, :, :1]}), ValueError, "k must be"),
+    ("k dtype", lambda q, kw: (q, {**kw, "k": kw["k"].half()}), TypeError, "k.dtype"),
+    ("batch_idx dtype", lambda q, kw: (q, {**kw, "cache_batch_idx": torch.tensor([0, 1])}), TypeError, "cache_batch_idx.dtype"),
+    ("leftpad shape", lambda q, kw: (q, {**kw, "cache_leftpad": torch.zeros(3, dtype=torch.int32)}), ValueError, "cache_leftpad"),
+    ("leftpad > len", lambda q, kw: (q, {**kw, "cache_leftpad": kw["cache_seqlens"] + 1}), ValueError, "cache_leftpad"),
+    ("rotary one", lambda q, kw: (q, {**kw, "rotary_cos": torch.ones(50, 8)}), ValueError, "rotary_cos and rotary_sin"),
+    ("rotary dim", lambda q, kw: (q, {**kw, "rotary_cos": torch.ones(50, 17), "rotary_sin": torch.ones(50, 17)}), ValueError, "rotary_dim"),
+    ("rotary short", lambda q, kw: (q, {**kw, "rotary_cos": torch.ones(2, 8), "rotary_sin": torch.ones(2, 8)}), ValueError, "seqlen_ro"),
+    ("window", lambda q, kw: (q, {**kw, "window_size": (-2, 0)}), ValueError, "window_size"),
+    ("softcap", lambda q, kw: (q, {**kw, "softcap": -1.0}), ValueError, "softcap"),
+    ("sinks", lambda q, kw: (q, {**kw, "sinks": torch.zeros(3)}), ValueError, "sinks"),
+    ("num_splits", lambda q, kw: (q, {**kw, "num_splits": -1}), ValueError, "num_splits"),
+    ("causal", lambda q, kw: (q, {**kw, "causal": 1}), TypeError, "causal"),
+    ("scale", lambda q, kw: (q, {**kw, "softmax_scale": float("nan")}), ValueError, "softmax_scale"),
+    ("batch_cache", lambda q, kw: (q, {**kw, "k_cache": kw["k_cache"][:1], "v_cache": kw["v_cache"][:1]}), ValueError, "batch_cache"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,kind,text", BAD, ids=[b[0] for b in BAD])
+def test_validation_errors(name, mutate, kind, text, gen):
+    q, kw = _valid(gen)
+    snapshot = clone_kw(kw)
+    q, kw = mutate(q, kw)
+    with pytest.raises(kind, match=r"flash_attn_with_kvcache: .*" + re.escape(text)):
+        flash_attn_with_kvcache(q, **kw)
+    # refused before any work: the caches are untouched
+    for key in ("k_cache", "v_cache"):
+        if kw.get(key) is not None and kw[key].shape == snapshot[key].shape and kw[key].dtype == snapshot[key].dtype:
+            assert torch.equal(kw[key], snapshot[key])
+
+
+BAD_PAGED = [
+    ("table dtype", lambda kw: {**kw, "block_table": kw["block_table"].long()}, TypeError, "block_table.dtype"),
+    ("table shape", lambda kw: {**kw, "block_table": kw["block_table"][:1]}, ValueError, "block_table"),
+    ("batch_idx with table", lambda kw: {**kw, "cache_batch_idx": torch.zeros(2, dtype=torch.int32)}, ValueError, "cache_batch_idx"),
+    ("too long", lambda kw: {**kw, "cache_seqlens": torch.tensor([kw["block_table"].shape[1] * 16, 0], dtype=torch.int32)}, ValueError, "capacity"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,kind,text", BAD_PAGED, ids=[b[0] for b in BAD_PAGED])
+def test_paged_validation_errors(name, mutate, kind, text, gen):
+    q, kw = _valid(gen, page=16)
+    with pytest.raises(kind, match=text):
+        flash_attn_with_kvcache(q, **mutate(kw))
+
+
+# --- custom op, torch.compile ---------------------------------------------------------------
+
+
+def _op_args(gen, page=16):
+    q, kw = make_case(batch=2, sq=2, snew=2, page=page, rotary=16, leftpad=True, dtype=torch.float32, gen=gen)
+    return (q, kw["k_cache"], kw["v_cache"], kw["k"], kw["v"], kw["rotary_cos"], kw["rotary_sin"], kw["cache_seqlens"],
+            None, kw["cache_leftpad"], kw["block_table"], torch.randn(4, generator=gen), 0.2, 5, 0, 0.0, True, 0)
+
+
+def test_opcheck(gen):
+    torch.library.opcheck(kvcache.kvcache_fwd, _op_args(gen))
+
+
+def test_torch_compile_fullgraph(gen):
+    q, kw = make_case(batch=2, sq=2, snew=1, page=3, dtype=torch.float32, gen=gen)
+    eager_kw = clone_kw(kw)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(q, kw):
+        return flash_attn_with_kvcache(q, causal=True, return_lse=True, **kw)
+
+    out, lse = step(q, kw)
+    eo, el = flash_attn_with_kvcache(q, causal=True, return_lse=True, **eager_kw)
+    torch.testing.assert_close(out, eo)
+    torch.testing.assert_close(lse, el)
+    assert torch.equal(kw["k_cache"], eager_kw["k_cache"]), "the compiled call must append in place too"
+
+
+def test_exported_name():
+    assert flashtile.flash_attn_with_kvcache is flash_attn_with_kvcache
+    assert "no gradient" in flash_attn_with_kvcache.__doc__.lower()
+
+
+def test_split_heuristic():
+    from flashtile.kernels.decode import choose_splits
+
+    assert choose_splits(64 * 8, 1000, 132) == 1  # enough CTAs already
+    s = choose_splits(8, 1000, 132)  # batch 1, 8 kv heads, long cache
+    assert 8 * s >= 132 and s <= 128
+    assert choose_splits(8, 2, 132) == 1  # nothing to split
+    for ctas in range(1, 140):
+        s = choose_splits(ctas, 512, 132)
+        assert 1 <= s <= 128 and (ctas * s >= 132 or s >= 100)  # fill the GPU, or as many as allowed
+
+
+# --- kernel builds (nvcc, no GPU) -----------------------------------------------------------
+
+BUILDS = [  # (d, dv, dtype, sinks, softcap): every static switch once, few compiles
+    (128, 128, "bfloat16", False, False),
+    (128, 128, "float16", True, True),
+    (64, 64, "bfloat16", True, False),
+    (192, 128, "bfloat16", False, True),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("d,dv,dtype,sinks,softcap", BUILDS, ids=lambda x: str(x))
+def test_build_decode(d, dv, dtype, sinks, softcap):
+    from flashtile.kernels.decode import get_decode_kernels
+
+    decode, combine = get_decode_kernels(d, dv, dtype, sinks, softcap)
+    src = decode.get_kernel_source()
+    assert "wgmma" in src and "mma_sync" not in src, "decode GEMMs should be WGMMA"
+    for name in ("int B", "int Sq", "int H", "int Hkv", "int PS", "int num_splits"):
+        assert name in src, f"{name} should be a runtime argument"
+    assert ("tanh" in src) == softcap
+    assert "__launch_bounds__(" in combine.get_kernel_source()
