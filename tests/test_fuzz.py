@@ -655,74 +655,144 @@ def test_varlen_matches_oracle_and_dense(vc):
         assert_close(g, r, tolerance(c, r, smax) * 4 * (1 + smax), f"d{name}")
 
 
+@dataclass(frozen=True)
+class KvCase:
+    c: Case
+    s_new: int  # new tokens appended (k, v)
+    lens: tuple  # cache_seqlens
+    leftpad: Optional[tuple]  # cache_leftpad or None
+    extra: int  # spare cache rows after the last used one
+    page: Optional[int]  # None: contiguous cache; else the page size of a paged cache
+    spare_rows: Optional[int]  # contiguous only: cache_batch_idx over batch + spare_rows cache rows
+    rotary: Optional[str]  # None, "interleaved", "halves"
+    rotary_dim: int
+    num_splits: int
+
+
 @st.composite
 def kvcache_cases(draw):
     """A decode step: ``s_new`` new tokens appended at ``cache_seqlens[b]`` to a cache of
-    ``seqlen_cache`` rows (contiguous, or paged with page size 1..3 and a shuffled table)."""
+    ``seqlen_cache`` rows (contiguous, possibly through ``cache_batch_idx``, or paged with page
+    size 1..3 and a shuffled table), with left padding, rotary and split-KV drawn too."""
     c = draw(cases(b=st.integers(1, 3), sq=st.integers(0, 4), sk=0, layout="contiguous"))
     s_new = draw(st.integers(0, 4))
-    lens = draw(st.lists(st.integers(0, 12), min_size=c.b, max_size=c.b))
-    extra = draw(st.integers(0, 3))
+    lens = tuple(draw(st.lists(st.integers(0, 12), min_size=c.b, max_size=c.b)))
+    leftpad = draw(st.one_of(st.none(), st.tuples(*(st.integers(0, n) for n in lens))))
     page = draw(st.sampled_from([None, 1, 2, 3]))
-    num_splits = draw(st.sampled_from([0, 1, 2, 3]))
-    return c, s_new, lens, extra, page, num_splits
+    spare = draw(st.one_of(st.none(), st.integers(0, 2))) if page is None else None
+    rotary = draw(st.sampled_from([None, "interleaved", "halves"])) if s_new else None
+    rotary_dim = 2 * draw(st.integers(1, max(1, c.d // 2))) if rotary else 0
+    assume_ok = rotary is None or c.d >= 2
+    if not assume_ok:
+        rotary, rotary_dim = None, 0
+    return KvCase(c, s_new, lens, leftpad, draw(st.integers(0, 3)), page, spare, rotary, rotary_dim,
+                  draw(st.sampled_from([0, 1, 2, 3])))
+
+
+def rotate(x, cos, sin, positions, interleaved):
+    """Rotary embedding (float64) of the first 2 * cos.shape[1] features of x (b, s, h, d) at
+    integer positions (b, s): pairs (x0, x1), (x2, x3), ... (GPT-J) or halves (GPT-NeoX)."""
+    half = cos.shape[1]
+    c, s = cos[positions][:, :, None, :], sin[positions][:, :, None, :]
+    xr, rest = x[..., : 2 * half], x[..., 2 * half :]
+    if interleaved:
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+    else:
+        a, b = xr[..., :half], xr[..., half:]
+        rot = torch.cat((a * c - b * s, a * s + b * c), dim=-1)
+    return torch.cat((rot, rest), dim=-1)
 
 
 @needs_kvcache
 @given(kvcache_cases())
 def test_kvcache_append_equals_attention_over_concatenation(kc):
-    """flash_attn_with_kvcache writes k/v at cache_seqlens in place (nothing else changes) and
-    returns attention over cache[:cache_seqlens] ++ new tokens, i.e. the oracle (and the dense
-    call) over the concatenation, bottom-right aligned on that length."""
-    c, s_new, lens, extra, page, num_splits = kc
+    """flash_attn_with_kvcache writes k/v (rotated, with rotary) at cache_seqlens in place
+    (nothing else in the cache changes) and returns the oracle's attention of q (rotated at
+    cache_seqlens + t when causal/windowed, else at cache_seqlens) over the keys
+    [cache_leftpad, cache_seqlens + s_new) of the updated cache, bottom-right aligned on that
+    length; lse likewise."""
+    c = kc.c
     note(kc)
     gen = torch.Generator().manual_seed(c.seed)
 
     def rnd(*shape, scale=c.magnitude):
-        return (torch.randn(*shape, generator=gen, dtype=F64) * scale).to(c.dtype)
+        return torch.randn(*shape, generator=gen, dtype=F64) * scale
 
-    seqlen_cache = max(lens) + s_new + extra
-    q = rnd(c.b, c.sq, c.h, c.d)
-    k_cache, v_cache = rnd(c.b, seqlen_cache, c.hkv, c.d), rnd(c.b, seqlen_cache, c.hkv, c.dv)
-    k_new, v_new = rnd(c.b, s_new, c.hkv, c.d), rnd(c.b, s_new, c.hkv, c.dv)
-    sinks = None if c.sinks is None else rnd(c.h, scale=2.0)
-    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
-    kw = dict(cache_seqlens=cache_seqlens, softmax_scale=c.scale, causal=c.causal, window_size=c.window,
-              softcap=c.softcap, num_splits=num_splits, return_softmax_lse=True)
-    if sinks is not None:
-        kw["sinks"] = sinks
+    s_new, lens = kc.s_new, kc.lens
+    seqlen_cache = max(1, max(lens) + s_new + kc.extra)  # an empty cache is a named error (test_degenerate)
+    rows = c.b + (kc.spare_rows or 0)
+    q = rnd(c.b, c.sq, c.h, c.d).to(c.dtype)
+    k_rows, v_rows = rnd(rows, seqlen_cache, c.hkv, c.d).to(c.dtype), rnd(rows, seqlen_cache, c.hkv, c.dv).to(c.dtype)
+    k_new, v_new = rnd(c.b, s_new, c.hkv, c.d).to(c.dtype), rnd(c.b, s_new, c.hkv, c.dv).to(c.dtype)
+    sinks = None if c.sinks is None else rnd(c.h, scale=2.0).to(c.dtype)
+    batch_idx = None
+    if kc.spare_rows is not None:
+        batch_idx = torch.randperm(rows, generator=gen)[: c.b].to(torch.int32)
+    idx = torch.arange(c.b) if batch_idx is None else batch_idx.long()
+    kw = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32), softmax_scale=c.scale, causal=c.causal,
+              window_size=c.window, softcap=c.softcap, num_splits=kc.num_splits, return_lse=True, sinks=sinks,
+              cache_batch_idx=batch_idx, cache_leftpad=None if kc.leftpad is None else torch.tensor(kc.leftpad, dtype=torch.int32))
     if s_new:
         kw.update(k=k_new, v=v_new)
-    k0, v0 = k_cache.clone(), v_cache.clone()
-    if page is None:
-        kc_, vc_ = k_cache, v_cache
-    else:  # the same cache, paged: row j of entry b lives in page table[b, j // page], slot j % page
+    per_token = c.causal or c.window != (-1, -1)
+    if kc.rotary:
+        seqlen_ro = max(lens) + max(s_new, c.sq if per_token else 1)
+        angles = rnd(seqlen_ro, kc.rotary_dim // 2, scale=3.0)
+        kw.update(rotary_cos=angles.cos().to(c.dtype), rotary_sin=angles.sin().to(c.dtype),
+                  rotary_interleaved=kc.rotary == "interleaved")
+    k0, v0 = k_rows.clone(), v_rows.clone()
+    if kc.page is None:
+        k_cache, v_cache = k_rows, v_rows
+    else:  # the same cache, paged: position j of entry b lives in page table[b, j // page], slot j % page
+        page = kc.page
         n_pages = -(-seqlen_cache // page)
         perm = torch.randperm(c.b * n_pages, generator=gen)
         table = perm.reshape(c.b, n_pages).to(torch.int32)
         pad = n_pages * page - seqlen_cache
-        kc_ = torch.zeros(c.b * n_pages, page, c.hkv, c.d, dtype=c.dtype)
-        vc_ = torch.zeros(c.b * n_pages, page, c.hkv, c.dv, dtype=c.dtype)
-        kc_[perm] = F.pad(k_cache, (0, 0, 0, 0, 0, pad)).reshape(c.b * n_pages, page, c.hkv, c.d)
-        vc_[perm] = F.pad(v_cache, (0, 0, 0, 0, 0, pad)).reshape(c.b * n_pages, page, c.hkv, c.dv)
+        k_cache = torch.zeros(c.b * n_pages, page, c.hkv, c.d, dtype=c.dtype)
+        v_cache = torch.zeros(c.b * n_pages, page, c.hkv, c.dv, dtype=c.dtype)
+        k_cache[perm] = F.pad(k_rows, (0, 0, 0, 0, 0, pad)).reshape(c.b * n_pages, page, c.hkv, c.d)
+        v_cache[perm] = F.pad(v_rows, (0, 0, 0, 0, 0, pad)).reshape(c.b * n_pages, page, c.hkv, c.dv)
         kw["block_table"] = table
-    out, lse = flashtile.flash_attn_with_kvcache(q, kc_, vc_, **kw)
-    if page is not None:  # back to (b, seqlen_cache, hkv, d) to check the append
-        kc_ = kc_[table.long()].reshape(c.b, -1, c.hkv, c.d)[:, :seqlen_cache]
-        vc_ = vc_[table.long()].reshape(c.b, -1, c.hkv, c.dv)[:, :seqlen_cache]
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+    assert out.shape == (c.b, c.sq, c.h, c.dv) and out.dtype == c.dtype and lse.shape == (c.b, c.h, c.sq)
+    if kc.page is not None:  # back to (b, seqlen_cache, hkv, d) to check the append
+        k_after = k_cache[table.long()].reshape(c.b, -1, c.hkv, c.d)[:, :seqlen_cache]
+        v_after = v_cache[table.long()].reshape(c.b, -1, c.hkv, c.dv)[:, :seqlen_cache]
+    else:
+        k_after, v_after = k_cache[idx], v_cache[idx]
+        untouched = torch.ones(rows, dtype=torch.bool)
+        untouched[idx] = False
+        assert torch.equal(k_cache[untouched], k0[untouched]) and torch.equal(v_cache[untouched], v0[untouched])
+    k0, v0 = k0[idx] if kc.page is None else k0, v0[idx] if kc.page is None else v0
+    # The oracle, per entry, in float64.
+    q64, knew64 = q.to(F64), k_new.to(F64)
+    base = torch.tensor(lens, dtype=torch.long)[:, None]
+    if kc.rotary:
+        cos64, sin64 = kw["rotary_cos"].to(F64), kw["rotary_sin"].to(F64)
+        qpos = base + (torch.arange(c.sq) if per_token else torch.zeros(c.sq, dtype=torch.long))
+        q64 = rotate(q64, cos64, sin64, qpos, kc.rotary == "interleaved")
+        knew64 = rotate(knew64, cos64, sin64, base + torch.arange(s_new), kc.rotary == "interleaved")
+    c32 = c.dtype != F64
     for b in range(c.b):
-        n = lens[b]
-        want_k = torch.cat([k0[b, :n], k_new[b], k0[b, n + s_new :]])
+        n, lp = lens[b], 0 if kc.leftpad is None else kc.leftpad[b]
+        want_k = torch.cat([k0[b, :n].to(F64), knew64[b], k0[b, n + s_new :].to(F64)])
         want_v = torch.cat([v0[b, :n], v_new[b], v0[b, n + s_new :]])
-        assert torch.equal(kc_[b], want_k) and torch.equal(vc_[b], want_v), f"cache of entry {b}"
-        kb, vb = want_k[None, : n + s_new], want_v[None, : n + s_new]
-        x = Inputs(q[b : b + 1], kb, vb, sinks, torch.zeros(1), torch.zeros(1))
-        c1 = replace_case(c, b=1, sk=n + s_new)
-        x64 = as_f64_leaves(x)
-        o_ref, l_ref = oracle(x64.q, x64.k, x64.v, c.softmax_scale, c.window[0], c.right, x64.sinks, c.softcap)
+        assert torch.equal(v_after[b], want_v), f"v cache of entry {b}"
+        if kc.rotary is None:
+            assert torch.equal(k_after[b], want_k.to(c.dtype)), f"k cache of entry {b}"
+        else:  # rotated in the input dtype's arithmetic: within rounding
+            torch.testing.assert_close(k_after[b].to(F64), want_k, rtol=1e-5 if c32 else 1e-12, atol=1e-5 if c32 else 1e-12)
+        kb, vb = want_k[None, lp : n + s_new], want_v[None, lp : n + s_new].to(F64)
+        s64 = None if sinks is None else sinks.to(F64)
+        o_ref, l_ref = oracle(q64[b : b + 1], kb, vb, c.softmax_scale, c.window[0], c.right, s64, c.softcap)
+        c1 = replace_case(c, b=1, sk=kb.shape[1])
+        x64 = Inputs(q64[b : b + 1], kb, vb, s64, torch.zeros(1), torch.zeros(1))
         smax = score_max(x64, c1)
-        assert_close(out[b : b + 1], o_ref, tolerance(c1, o_ref, smax), f"entry {b} out")
-        assert_close(lse[b : b + 1], l_ref, tolerance(c1, l_ref, smax), f"entry {b} lse")
+        rot = 10 if kc.rotary else 1  # q and k are rounded after the rotation
+        assert_close(out[b : b + 1], o_ref, rot * tolerance(c1, o_ref, smax), f"entry {b} out")
+        assert_close(lse[b : b + 1], l_ref, rot * tolerance(c1, l_ref, smax), f"entry {b} lse")
 
 
 def replace_case(c: Case, **changes) -> Case:
