@@ -322,4 +322,7 @@ def kvcache_attention(
         o, l = attention_forward(q[b : b + 1], kb[None], vb[None], softmax_scale, window, sinks, softcap)
         outs.append(o)
         lses.append(l)
+    if not outs:  # batch 0
+        b, sq, h, _ = q.shape
+        return q.new_zeros(b, sq, h, v_cache.shape[-1]), q.new_zeros(b, h, sq, dtype=accum_dtype(q.dtype))
     return torch.cat(outs, dim=0), torch.cat(lses, dim=0)

@@ -156,3 +156,36 @@ def test_cuda_minus_inf_sink_on_rows_that_see_nothing():
     got, want = _cuda_vs_cpu((1, 9, 4, 2, 1), sinks_value=-float("inf"), window=(0, 0))
     for name, g, w in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), got, want):
         torch.testing.assert_close(g, w, atol=3e-2, rtol=3e-2, msg=lambda m: f"{name}: {m}")
+
+
+# --- flash_attn_with_kvcache --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_sinks", [False, True])
+@pytest.mark.parametrize(
+    "b, sq, h, hkv, snew, lens",
+    [(0, 1, 4, 2, 1, []), (2, 0, 4, 2, 1, [3, 4]), (2, 1, 0, 2, 1, [3, 4]), (2, 3, 4, 2, 0, [0, 5]), (1, 2, 2, 1, 0, [0])],
+    ids=["batch0", "sq0", "nheads0", "one-entry-no-keys", "no-keys"],
+)
+def test_kvcache_degenerate(b, sq, h, hkv, snew, lens, use_sinks):
+    """Batch 0, no query tokens, no query heads, entries with no key: defined outputs
+    (zeros and lse -inf, or the sink's logit, where no key is visible).  (Batch 0 used to fail
+    in ``reference.kvcache_attention`` with ``torch.cat(): expected a non-empty list``.)"""
+    q = torch.randn(b, sq, h, 16)
+    k_cache, v_cache = torch.randn(b, 8, hkv, 16), torch.randn(b, 8, hkv, 8)
+    kw = dict(k=torch.randn(b, snew, hkv, 16), v=torch.randn(b, snew, hkv, 8)) if snew else {}
+    sinks = torch.randn(h) if use_sinks else None
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(lens, dtype=torch.int32),
+                                                 causal=True, sinks=sinks, return_lse=True, **kw)
+    assert out.shape == (b, sq, h, 8) and lse.shape == (b, h, sq)
+    for i, n in enumerate(lens):
+        if n + snew == 0:  # nothing to attend to
+            assert torch.equal(out[i], torch.zeros_like(out[i]))
+            want = sinks[:, None].expand(h, sq) if use_sinks else torch.full((h, sq), -float("inf"))
+            assert torch.equal(lse[i], want)
+
+
+def test_kvcache_empty_cache_is_a_named_error():
+    q = torch.randn(2, 1, 4, 16)
+    with pytest.raises(ValueError, match=r"k_cache\.shape\[1\]"):
+        flashtile.flash_attn_with_kvcache(q, torch.randn(2, 0, 2, 16), torch.randn(2, 0, 2, 8), cache_seqlens=0)
