@@ -674,7 +674,7 @@ def kvcache_cases(draw):
     """A decode step: ``s_new`` new tokens appended at ``cache_seqlens[b]`` to a cache of
     ``seqlen_cache`` rows (contiguous, possibly through ``cache_batch_idx``, or paged with page
     size 1..3 and a shuffled table), with left padding, rotary and split-KV drawn too."""
-    c = draw(cases(b=st.integers(1, 3), sq=st.integers(0, 4), sk=0, layout="contiguous"))
+    c = draw(cases(b=st.integers(0, 3), sq=st.integers(0, 4), sk=0, layout="contiguous"))
     s_new = draw(st.integers(0, 4))
     lens = tuple(draw(st.lists(st.integers(0, 12), min_size=c.b, max_size=c.b)))
     leftpad = draw(st.one_of(st.none(), st.tuples(*(st.integers(0, n) for n in lens))))
@@ -720,7 +720,7 @@ def test_kvcache_append_equals_attention_over_concatenation(kc):
         return torch.randn(*shape, generator=gen, dtype=F64) * scale
 
     s_new, lens = kc.s_new, kc.lens
-    seqlen_cache = max(1, max(lens) + s_new + kc.extra)  # an empty cache is a named error (test_degenerate)
+    seqlen_cache = max(1, max(lens, default=0) + s_new + kc.extra)  # an empty cache is a named error (test_degenerate)
     rows = c.b + (kc.spare_rows or 0)
     q = rnd(c.b, c.sq, c.h, c.d).to(c.dtype)
     k_rows, v_rows = rnd(rows, seqlen_cache, c.hkv, c.d).to(c.dtype), rnd(rows, seqlen_cache, c.hkv, c.dv).to(c.dtype)
@@ -737,7 +737,7 @@ def test_kvcache_append_equals_attention_over_concatenation(kc):
         kw.update(k=k_new, v=v_new)
     per_token = c.causal or c.window != (-1, -1)
     if kc.rotary:
-        seqlen_ro = max(lens) + max(s_new, c.sq if per_token else 1)
+        seqlen_ro = max(lens, default=0) + max(s_new, c.sq if per_token else 1)
         angles = rnd(seqlen_ro, kc.rotary_dim // 2, scale=3.0)
         kw.update(rotary_cos=angles.cos().to(c.dtype), rotary_sin=angles.sin().to(c.dtype),
                   rotary_interleaved=kc.rotary == "interleaved")
@@ -758,8 +758,8 @@ def test_kvcache_append_equals_attention_over_concatenation(kc):
     out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
     assert out.shape == (c.b, c.sq, c.h, c.dv) and out.dtype == c.dtype and lse.shape == (c.b, c.h, c.sq)
     if kc.page is not None:  # back to (b, seqlen_cache, hkv, d) to check the append
-        k_after = k_cache[table.long()].reshape(c.b, -1, c.hkv, c.d)[:, :seqlen_cache]
-        v_after = v_cache[table.long()].reshape(c.b, -1, c.hkv, c.dv)[:, :seqlen_cache]
+        k_after = k_cache[table.long()].reshape(c.b, n_pages * page, c.hkv, c.d)[:, :seqlen_cache]
+        v_after = v_cache[table.long()].reshape(c.b, n_pages * page, c.hkv, c.dv)[:, :seqlen_cache]
     else:
         k_after, v_after = k_cache[idx], v_cache[idx]
         untouched = torch.ones(rows, dtype=torch.bool)
