@@ -412,4 +412,6 @@ def test_build_decode(d, dv, dtype, sinks, softcap):
     for name in ("int B", "int Sq", "int H", "int Hkv", "int PS", "int num_splits"):
         assert name in src, f"{name} should be a runtime argument"
     assert ("tanh" in src) == softcap
+    if d == dv:
+        assert "cp_async" in src, "K/V tiles should stream through cp.async"
     assert "__launch_bounds__(" in combine.get_kernel_source()

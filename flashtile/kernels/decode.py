@@ -10,13 +10,19 @@ built to keep HBM busy, not the tensor cores:
 - the key range of a batch entry (``[leftpad, seqlen_k)`` narrowed by the causal/window
   bounds of the tile's tokens) is cut into ``num_splits`` slices of key blocks, one per CTA,
   so a batch of one sequence still fills every SM;
-- K and V tiles of ``block_n`` keys stream through a ``num_stages`` shared-memory pipeline.
-  Each row of a tile is looked up through the block table (``page = block_table[b, j //
-  page_size]``, row ``j % page_size``), so any page size works, and a contiguous cache is the
-  special case of one page per cache row (``page_size = seqlen_cache``, table =
-  ``cache_batch_idx``).  Keys outside ``[leftpad, seqlen_k)`` are never read (zero-filled), so
-  stale or NaN cache contents past the end cannot leak into the output;
-- online softmax in exp2 with fp32 statistics; masks are ``masks.visible`` per query token
+- K and V tiles of ``block_n`` keys stream through a ``num_stages`` shared-memory pipeline of
+  cp.async copies (16-byte vectors).  Each row of a tile is looked up through the block table
+  (``page = block_table[b, j // page_size]``, row ``j % page_size``), so any page size works,
+  and a contiguous cache is the special case of one page per cache row (``page_size =
+  seqlen_cache``, table = ``cache_batch_idx``).  A tile row outside the entry's keys
+  ``[leftpad, seqlen_k)`` loads the nearest valid key instead (clamped position), so stale or
+  NaN cache contents past the end or before the left padding are never read; the mask gives
+  those rows zero weight.  K and V rows are copied in one loop, so each step is one cp.async
+  group (two groups per step make TileLang 0.1.15's pipeline epilogue emit a non-constant
+  ``wait_group`` that fails in codegen).  With ``dim != dim_v`` (e.g. 192/128) that loop
+  needs a guard on the shorter tile, which TileLang does not turn into cp.async: those head
+  dims load synchronously (correct, slower);
+- online softmax in exp2 with fp32 statistics; the mask is ``key_visible`` (masks.py's rule) per query token
   (bottom-right causal on the entry's own length, window) plus ``j >= leftpad``; only blocks
   at a boundary pay for the elementwise select;
 - ``num_splits == 1``: the epilogue folds in the sink and writes the output and lse directly.
@@ -25,7 +31,9 @@ built to keep HBM busy, not the tensor cores:
 
 Static structure (one compile each): dtype, head dims, sinks on/off, softcap on/off, tiles.
 Batch, heads, GQA ratio, query tokens, cache sizes, page size, lengths and splits are runtime.
-Indices are 64-bit (caches of more than 2^31 elements are the normal case here).
+K/V addresses are 64-bit (caches of more than 2^31 elements are the normal case here); the
+scalars of the key range are ``T.alloc_var`` registers, which keeps TileLang's simplifier (Z3)
+from spending minutes on their nested min/max/div.
 """
 
 
@@ -143,10 +151,19 @@ def decode_kernel(
 
             for it in T.Pipelined(my_blocks, num_stages=num_stages):
                 n0 = (kb_first + it) * block_n
-                for i, c in T.Parallel(block_n, dim):
-                    j = n0 + i
-                    page = BlockTable[b, T.min(j // PS, MB - 1)]
-                    k_s[i, c] = T.if_then_else(T.And(j >= lp, j < seqlen_k), K[T.cast(page, "int64"), j % PS, hk, c], T.cast(0, dtype))
+                # K and V rows in one loop: one cp.async group per step (two groups trip a
+                # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
+                for i, c in T.Parallel(block_n, max(dim, dim_v)):
+                    j = T.min(T.max(n0 + i, lp), seqlen_k - 1)  # a key of this entry, see above
+                    page = T.cast(BlockTable[b, j // PS], "int64")
+                    if dim >= dim_v:
+                        k_s[i, c] = K[page, j % PS, hk, c]
+                        if dim_v == dim or c < dim_v:
+                            v_s[i, c] = V[page, j % PS, hk, c]
+                    else:
+                        v_s[i, c] = V[page, j % PS, hk, c]
+                        if c < dim:
+                            k_s[i, c] = K[page, j % PS, hk, c]
                 T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                 if has_softcap:
                     for i, j in T.Parallel(block_m, block_n):
@@ -175,10 +192,6 @@ def decode_kernel(
                 T.copy(s, p)
                 for i, c in T.Parallel(block_m, dim_v):
                     o[i, c] *= alpha[i]
-                for i, c in T.Parallel(block_n, dim_v):
-                    j = n0 + i
-                    page = BlockTable[b, T.min(j // PS, MB - 1)]
-                    v_s[i, c] = T.if_then_else(T.And(j >= lp, j < seqlen_k), V[T.cast(page, "int64"), j % PS, hk, c], T.cast(0, dtype))
                 T.gemm(p, v_s, o, policy=FULL_ROW)
 
             # Epilogue: alpha becomes the output scale, lse the natural-log log-sum-exp.
