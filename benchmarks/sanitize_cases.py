@@ -239,39 +239,52 @@ def run_varlen(case: Case, sq: int, sk: int, check: bool, gen, failures):
 
 
 def run_kvcache(case: Case, sq: int, sk: int, check: bool, gen, failures):
-    """Decode: ``sq`` new tokens (capped at 17) appended at ``cache_seqlens`` to a paged cache of
-    page size 1 (a shuffled block table), then attention over cache + new tokens."""
+    """Decode on a paged cache of page size 1 (a shuffled block table): (1) ``min(sq, 17)`` new
+    tokens appended at ``cache_seqlens`` = (sk, sk - 1, ...) with the heuristic split count;
+    (2) the same cache without new tokens, three splits (the combine kernel), left padding on
+    entry 0 and an entry with no key at all.  Checked against the same calls on CPU copies."""
     dev = DEVICE
     sq = min(sq, 17)
-    b, page = case.b, 1
+    b = case.b
     cache_len = sk + sq
-    pages = torch.randperm(b * cache_len, generator=gen).to(dev)
-    block_table = pages.reshape(b, cache_len).to(torch.int32)
-    k_cache = _rand(gen, b * cache_len, page, case.hkv, case.d, dtype=case.dtype, device=dev)
-    v_cache = _rand(gen, b * cache_len, page, case.hkv, case.d_v, dtype=case.dtype, device=dev)
-    q = _rand(gen, b, sq, case.h, case.d, dtype=case.dtype, device=dev)
-    k_new = _rand(gen, b, sq, case.hkv, case.d, dtype=case.dtype, device=dev)
-    v_new = _rand(gen, b, sq, case.hkv, case.d_v, dtype=case.dtype, device=dev)
-    cache_seqlens = torch.tensor([sk, max(sk - 1, 0)][:b] + [sk] * max(b - 2, 0), dtype=torch.int32, device=dev)
-    sinks = _rand(gen, case.h, dtype=torch.float32, device=dev) if case.sinks else None
-    kw = dict(k=k_new, v=v_new, cache_seqlens=cache_seqlens, block_table=block_table, causal=case.causal,
-              window_size=case.window, softcap=case.softcap, return_softmax_lse=True)
-    if sinks is not None:
-        kw["sinks"] = sinks
-    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
-    out = out[0] if isinstance(out, tuple) else out
+    table = torch.randperm(b * cache_len, generator=gen).reshape(b, cache_len).to(torch.int32)
+    k_cache = _rand(gen, b * cache_len, 1, case.hkv, case.d, dtype=case.dtype, device="cpu")
+    v_cache = _rand(gen, b * cache_len, 1, case.hkv, case.d_v, dtype=case.dtype, device="cpu")
+    q = _rand(gen, b, sq, case.h, case.d, dtype=case.dtype, device="cpu")
+    k_new = _rand(gen, b, sq, case.hkv, case.d, dtype=case.dtype, device="cpu")
+    v_new = _rand(gen, b, sq, case.hkv, case.d_v, dtype=case.dtype, device="cpu")
+    lens = torch.tensor([sk] + [max(sk - 1, 0)] * (b - 1), dtype=torch.int32)
+    sinks = _rand(gen, case.h, dtype=torch.float32, device="cpu") if case.sinks else None
+    opts = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, sinks=sinks, return_lse=True)
+    lens2 = lens + sq
+    lens2[-1] = 0
+    pad = torch.zeros(b, dtype=torch.int32)
+    pad[0] = min(3, int(lens2[0]))
+
+    def calls(device, caches, dtype=None):
+        kc, vc = caches
+
+        def to(t):
+            if t is None:
+                return None
+            return t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+
+        o1 = {n: to(t) if isinstance(t, torch.Tensor) else t for n, t in opts.items()}
+        r1 = flashtile.flash_attn_with_kvcache(to(q), kc, vc, k=to(k_new), v=to(v_new), cache_seqlens=to(lens),
+                                               block_table=to(table), num_splits=0, **o1)
+        r2 = flashtile.flash_attn_with_kvcache(to(q), kc, vc, cache_seqlens=to(lens2), cache_leftpad=to(pad),
+                                               block_table=to(table), num_splits=3, **o1)
+        return r1, r2
+
+    cpu_caches = (k_cache.clone(), v_cache.clone())
+    got = calls(dev, (k_cache.to(dev), v_cache.to(dev)))
     _sync()
     if not check:
         return
-    for bi in range(b):  # dense reference over the gathered cache (already appended in place)
-        n = int(cache_seqlens[bi]) + sq
-        rows = block_table[bi, :n].long()
-        kb, vb = k_cache[rows, 0][None].float().cpu(), v_cache[rows, 0][None].float().cpu()
-        o_ref, _ = reference.attention_forward(
-            q[bi : bi + 1].float().cpu(), kb, vb, 1.0 / math.sqrt(case.d), (case.window[0], 0 if case.causal else case.window[1]),
-            sinks.cpu() if sinks is not None else None, case.softcap,
-        )
-        _compare(f"kvcache out[{bi}]", out[bi : bi + 1], o_ref, _tol(case.dtype), failures)
+    want = calls("cpu", (cpu_caches[0].float(), cpu_caches[1].float()), torch.float32)  # the reference path
+    for i, ((o, l), (ro, rl)) in enumerate(zip(got, want)):
+        _compare(f"kvcache call {i + 1} out", o, ro, _tol(case.dtype), failures)
+        _compare(f"kvcache call {i + 1} lse", l, rl, _tol(case.dtype), failures)
 
 
 RUNNERS = {"dense": run_dense, "nonfinite": run_dense, "varlen": run_varlen, "kvcache": run_kvcache}
@@ -281,15 +294,21 @@ RUNNERS = {"dense": run_dense, "nonfinite": run_dense, "varlen": run_varlen, "kv
 
 
 def structures(cases):
-    """(pass, kwargs) for ``flashtile.kernels.precompile.build`` covering the dense cases."""
+    """(pass, kwargs) of the kernels the cases use ("fwd", "bwd", "decode"), for ``_build``
+    (the auto-pipelined forward of the override case is built by the warm-up)."""
     from flashtile.kernels import target
 
     sms = target.sm_count(torch.device("cuda")) if torch.cuda.is_available() else 132
     seen = []
     for c in cases:
-        if c.kind not in ("dense", "nonfinite", "varlen") or c.override:
-            continue
         dt = str(c.dtype).removeprefix("torch.")
+        if c.kind == "kvcache":
+            s = ("decode", dict(dim=c.d, dim_v=c.d_v, dtype=dt, has_sinks=c.sinks, has_softcap=c.softcap > 0))
+            if s not in seen:
+                seen.append(s)
+            continue
+        if c.override:
+            continue
         # Kernels are compiled per mask kind (configs.mask_kind), not per window value.
         window = (-1, -1) if c.window == (-1, -1) and not c.causal else (0, 0)
         varlen = c.kind == "varlen"
@@ -308,7 +327,12 @@ def _build(p, kwargs):
     from flashtile.kernels.launch import backward_kernels, forward_kernel
 
     t = time.time()
-    forward_kernel(**kwargs) if p == "fwd" else backward_kernels(**kwargs)
+    if p == "decode":
+        from flashtile.kernels.decode import get_decode_kernels
+
+        get_decode_kernels(**kwargs)
+    else:
+        forward_kernel(**kwargs) if p == "fwd" else backward_kernels(**kwargs)
     return f"built {p} {kwargs} in {time.time() - t:.1f}s"
 
 
