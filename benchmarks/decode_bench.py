@@ -1,0 +1,201 @@
+"""KV-cache decode benchmark: flashtile.flash_attn_with_kvcache against the GPU's measured HBM
+read bandwidth, cuDNN / flash SDPA on the contiguous cache, and flash-attn if installed.
+
+    python benchmarks/decode_bench.py --out DIR [--quick]
+
+bf16, 32 query heads, 8 kv heads, d = 128; batch {1, 8, 64} x cache length {8k, 32k, 131k} x
+seqlen_q {1, 4} x layout {contiguous, paged 16, paged 256}.  For each case:
+
+- ``flashtile``: attention over the cache (no new keys), ``num_splits=0`` (heuristic);
+  ``+append``: the same call also appending ``seqlen_q`` new k/v tokens in place (the host-side
+  index_put_ counted in the time);
+- achieved bandwidth = (K and V bytes the call must read + q + out) / time, and that as a % of
+  the read bandwidth measured in the same run (``x.sum()`` over a 2 GiB tensor);
+- ``cudnn`` / ``flash``: PyTorch SDPA with that backend forced, dense q over the contiguous
+  cache (a strided view, GQA through ``enable_gqa``; for seqlen_q > 1 a bottom-right causal
+  mask, ``causal_lower_right``); ``fa``: flash_attn.flash_attn_with_kvcache on the same cache.
+  A backend that refuses a case shows ``-``.
+
+Every flashtile result is checked against fp32 SDPA math on batch entry 0 before timing
+(max abs error printed; > 2e-2 marks the row ``WRONG``).  Inputs are ``randn``, never zeros.
+Times are ``triton.testing.do_bench`` medians (L2 flushed between runs).  Writes
+``decode.json`` and ``decode.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+H, HKV, D = 32, 8, 128
+DT = torch.bfloat16
+
+
+def bench(fn):
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3  # seconds
+
+
+def read_bandwidth() -> float:
+    x = torch.randn(2**29, device="cuda")  # 2 GiB fp32
+    t = bench(lambda: x.sum())
+    del x
+    return 2**31 / t
+
+
+def sdpa_fn(backend, q, kc, vc, L, sq):
+    """Dense SDPA over the first L cache rows (contiguous cache, (B, L, Hkv, D) -> BHSD views)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    qt = q.transpose(1, 2)
+    kt, vt = kc[:, :L].transpose(1, 2), vc[:, :L].transpose(1, 2)
+    mask = None if sq == 1 else causal_lower_right(sq, L)
+
+    def run():
+        with sdpa_kernel([be]):
+            if mask is None:
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+
+    return run
+
+
+def reference_entry0(q, kc, vc, L, sq):
+    """fp32 math for batch entry 0: (sq, H, D)."""
+    k0 = kc[0, :L].float().repeat_interleave(H // HKV, dim=1)  # (L, H, D)
+    v0 = vc[0, :L].float().repeat_interleave(H // HKV, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q[0].float(), k0) / math.sqrt(D)
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(L, device=q.device)[None, :]
+    s = s.masked_fill(j > i + L - sq, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", s.softmax(-1), v0)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="decode-bench")
+    ap.add_argument("--quick", action="store_true", help="B {1, 8} x L {8k, 32k} only")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import flashtile
+    from flashtile import flash_attn_with_kvcache
+
+    try:
+        from flash_attn import flash_attn_with_kvcache as fa_kvcache
+    except Exception:  # noqa: BLE001
+        fa_kvcache = None
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    bw = read_bandwidth()
+    print(f"{props.name}, {props.multi_processor_count} SMs; measured read bandwidth {bw / 1e9:.0f} GB/s")
+    batches, lengths = ([1, 8], [8192, 32768]) if args.quick else ([1, 8, 64], [8192, 32768, 131072])
+    rows = []
+    header = f"{'B':>3} {'L':>7} {'sq':>2} {'layout':>8} {'MB':>7} | {'flashtile us':>12} {'GB/s':>6} {'%bw':>5} {'+append us':>10} | {'cudnn us':>9} {'%bw':>5} {'flash us':>9} {'%bw':>5} {'fa us':>8} | err"
+    print(header)
+    for B in batches:
+        for L in lengths:
+            torch.cuda.empty_cache()
+            cap = L + 256  # room for appends; multiple of 16 and 256
+            try:
+                kc = torch.randn(B, cap, HKV, D, device=dev, dtype=DT)
+                vc = torch.randn(B, cap, HKV, D, device=dev, dtype=DT)
+            except torch.OutOfMemoryError:
+                print(f"{B:>3} {L:>7}: cache does not fit, skipped")
+                continue
+            for sq in (1, 4):
+                q = torch.randn(B, sq, H, D, device=dev, dtype=DT)
+                knew = torch.randn(B, sq, HKV, D, device=dev, dtype=DT)
+                vnew = torch.randn(B, sq, HKV, D, device=dev, dtype=DT)
+                kv_bytes = 2 * B * L * HKV * D * DT.itemsize
+                io_bytes = kv_bytes + 2 * q.numel() * DT.itemsize
+                ref0 = reference_entry0(q, kc, vc, L, sq)
+                sdpa = {}
+                for be in ("cudnn", "flash"):
+                    try:
+                        fn = sdpa_fn(be, q, kc, vc, L, sq)
+                        fn()
+                        sdpa[be] = bench(fn)
+                    except Exception as e:  # noqa: BLE001
+                        sdpa[be] = None
+                        sdpa[be + "_why"] = f"{type(e).__name__}: {str(e)[:80]}"
+                for layout, page in (("contig", None), ("page16", 16), ("page256", 256)):
+                    seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
+                    seqlens_append = torch.full((B,), L - sq, dtype=torch.int32, device=dev)
+                    kw = {}
+                    if page is None:
+                        kcache, vcache = kc, vc
+                    else:
+                        # the same memory as pages; a shuffled table so pages are scattered
+                        nb = cap // page
+                        kcache, vcache = kc.view(B * nb, page, HKV, D), vc.view(B * nb, page, HKV, D)
+                        perm = torch.randperm(B * nb, device=dev).to(torch.int32)
+                        kw["block_table"] = perm.view(B, nb)
+                    call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
+                    call_append = lambda: flash_attn_with_kvcache(q, kcache, vcache, k=knew, v=vnew, cache_seqlens=seqlens_append, causal=True, **kw)  # noqa: E731
+                    out = call()
+                    if page is None:
+                        err = (out[0].float() - ref0).abs().max().item()
+                    else:
+                        # entry 0's logical rows through the table, against the same fp32 math
+                        pos = torch.arange(L, device=dev)
+                        k0 = kcache[kw["block_table"][0].long()[pos // page], pos % page]
+                        v0 = vcache[kw["block_table"][0].long()[pos // page], pos % page]
+                        r = reference_entry0(q, k0[None], v0[None], L, sq)
+                        err = (out[0].float() - r).abs().max().item()
+                    t = bench(call)
+                    ta = bench(call_append)
+                    fa_t = None
+                    if fa_kvcache is not None:
+                        try:
+                            fa_call = lambda: fa_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
+                            fa_call()
+                            fa_t = bench(fa_call)
+                        except Exception:  # noqa: BLE001
+                            fa_t = None
+                    row = dict(batch=B, seqlen_cache=L, seqlen_q=sq, layout=layout, cache_mb=kv_bytes / 2**20,
+                               flashtile_s=t, flashtile_append_s=ta, flashtile_gbs=io_bytes / t / 1e9,
+                               flashtile_pct_bw=100 * io_bytes / t / bw, err_vs_fp32=err, wrong=err > 2e-2,
+                               cudnn_s=sdpa["cudnn"] if page is None else None,
+                               flash_s=sdpa["flash"] if page is None else None, fa_s=fa_t,
+                               sdpa_notes={k: v for k, v in sdpa.items() if k.endswith("_why")})
+                    rows.append(row)
+                    fmt = lambda s: f"{s * 1e6:9.1f}" if s else f"{'-':>9}"  # noqa: E731
+                    pct = lambda s: f"{100 * io_bytes / s / bw:5.1f}" if s else f"{'-':>5}"  # noqa: E731
+                    print(f"{B:>3} {L:>7} {sq:>2} {layout:>8} {kv_bytes / 2**20:7.0f} | {t * 1e6:12.1f} {io_bytes / t / 1e9:6.0f} "
+                          f"{100 * io_bytes / t / bw:5.1f} {ta * 1e6:10.1f} | {fmt(row['cudnn_s'])} {pct(row['cudnn_s'])} "
+                          f"{fmt(row['flash_s'])} {pct(row['flash_s'])} {fmt(fa_t)[1:]} | {err:.1e}{' WRONG' if err > 2e-2 else ''}",
+                          flush=True)
+            del kc, vc
+    meta = dict(device=props.name, sms=props.multi_processor_count, read_bw_gbs=bw / 1e9, torch=torch.__version__,
+                flashtile=flashtile.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"),
+                cudnn=torch.backends.cudnn.version(), heads=H, heads_kv=HKV, headdim=D, dtype="bfloat16")
+    with open(os.path.join(args.out, "decode.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "decode.md"), "w") as f:
+        f.write(f"# decode, {props.name}, read bandwidth {bw / 1e9:.0f} GB/s (x.sum over 2 GiB)\n\n")
+        f.write("bf16, 32 q heads, 8 kv heads, d=128, causal; times in us (do_bench median); % = of measured read bandwidth\n\n")
+        f.write("| B | cache len | sq | layout | K+V MB | flashtile us | GB/s | % bw | +append us | cuDNN us | % bw | flash us | % bw | flash-attn us | max err |\n")
+        f.write("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+        for r in rows:
+            io = r["flashtile_gbs"] * 1e9 * r["flashtile_s"]
+            c = lambda s: f"{s * 1e6:.1f}" if s else "-"  # noqa: E731
+            p = lambda s: f"{100 * io / s / bw:.1f}" if s else "-"  # noqa: E731
+            f.write(f"| {r['batch']} | {r['seqlen_cache']} | {r['seqlen_q']} | {r['layout']} | {r['cache_mb']:.0f} | "
+                    f"{r['flashtile_s'] * 1e6:.1f} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
+                    f"{r['flashtile_append_s'] * 1e6:.1f} | {c(r['cudnn_s'])} | {p(r['cudnn_s'])} | {c(r['flash_s'])} | "
+                    f"{p(r['flash_s'])} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
+    print(f"wrote {args.out}/decode.json and decode.md")
+    return 1 if any(r["wrong"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
