@@ -15,7 +15,7 @@ Static structure: dtype, dim_v, sinks on/off.  Rows, splits and shapes are runti
 import tilelang
 import tilelang.language as T
 
-from .fwd import PASS_CONFIGS, TARGET
+from .target import PASS_CONFIGS, TARGET
 from .softmax import LN2, LOG2E
 
 BLOCK_R = 4  # query rows per CTA

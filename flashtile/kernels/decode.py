@@ -37,13 +37,12 @@ from spending minutes on their nested min/max/div.
 """
 
 
-import functools
 import math
 
 import tilelang
 import tilelang.language as T
 
-from .fwd import PASS_CONFIGS, TARGET
+from .target import PASS_CONFIGS, TARGET
 from .masks import host_window
 from .softmax import LN2, LOG2E
 
@@ -260,13 +259,6 @@ def choose_splits(ctas: int, n_blocks: int, num_sms: int) -> int:
     return min(s for s in full if eff[s] >= 0.85 * best)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool):
     """(decode, combine) compiled for one static structure."""
     from . import cache
@@ -286,7 +278,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     append.  Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
     import torch
 
-    from . import debug
+    from . import debug, target
 
     reason = unsupported_reason(q, k_cache, v_cache)
     if reason is not None:
@@ -311,7 +303,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     if num_splits <= 0:
         capacity = k_cache.shape[1] * table.shape[1]
         row_tiles = -(-(h // hkv) * sq // BLOCK_M)
-        num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), _num_sms(dev))
+        num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), target.sm_count(dev))
     num_splits = min(num_splits, MAX_SPLITS)
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, dev)
     if softcap > 0:
@@ -339,7 +331,9 @@ def unsupported_reason(q, k_cache, v_cache):
 
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} (kernels take float16 and bfloat16; use CPU tensors for others)"
-    major, minor = torch.cuda.get_device_capability(q.device)
+    from . import target
+
+    major, minor = target.capability(q.device)
     if major != 9:
         return f"GPU sm_{major}{minor} (the decode kernel is built for Hopper, sm_90)"
     d, dv = q.shape[-1], v_cache.shape[-1]
