@@ -17,7 +17,7 @@ strides of the inputs.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from collections import namedtuple
 
 import torch
 from torch import Tensor
@@ -77,83 +77,70 @@ def _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, 
     return _fresh(dq), _fresh(dk), _fresh(dv), dsinks
 
 
-@torch.library.custom_op("flashtile::fwd", mutates_args=())
-def attention_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    sinks: Optional[Tensor],
-    softmax_scale: float,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor]:
+# --- the ops ----------------------------------------------------------------------------------
+
+# The ops' non-data arguments, in schema order: the one place they are listed.  Schemas, the
+# implementations' unpacking (``Options``) and the autograd glue are generated from it, so a new
+# option (a mask feature, a score modifier) is one line here plus its use in the impls.
+_OPTIONS = (
+    ("sinks", "Tensor?"),
+    ("softmax_scale", "float"),
+    ("window_left", "int"),
+    ("window_right", "int"),
+    ("softcap", "float"),
+    ("deterministic", "bool"),
+)
+Options = namedtuple("Options", [name for name, _ in _OPTIONS])
+_N_OPTIONS = len(_OPTIONS)
+
+
+def _schema(data: str, returns: str) -> str:
+    return f"({data}, {', '.join(f'{kind} {name}' for name, kind in _OPTIONS)}) -> {returns}"
+
+
+_FWD_DATA = "Tensor q, Tensor k, Tensor v"
+_BWD_DATA = "Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse"
+_BWD_BWD_DATA = "Tensor grad_dq, Tensor grad_dk, Tensor grad_dv, Tensor grad_dsinks, " + _BWD_DATA
+torch.library.define("flashtile::fwd", _schema(_FWD_DATA, "(Tensor, Tensor)"))
+torch.library.define("flashtile::bwd", _schema(_BWD_DATA, "(Tensor, Tensor, Tensor, Tensor)"))
+torch.library.define("flashtile::bwd_bwd", _schema(_BWD_BWD_DATA, "(" + ", ".join(["Tensor"] * 8) + ")"))
+
+
+def _fwd_op(q, k, v, *options):
     """(out, lse) for BSHD q/k/v; see ``flashtile.flash_attn_func`` for the meaning."""
-    return _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap)
+    o = Options(*options)
+    return _fwd_impl(q, k, v, o.sinks, o.softmax_scale, o.window_left, o.window_right, o.softcap)
 
 
-@attention_fwd.register_fake
-def _(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
+@torch.library.register_fake("flashtile::fwd")
+def _(q, k, v, *options):
     b, sq, h, _ = q.shape
-    out = q.new_empty(b, sq, h, v.shape[-1])
-    lse = q.new_empty(b, h, sq, dtype=_lse_dtype(q))
-    return out, lse
+    return q.new_empty(b, sq, h, v.shape[-1]), q.new_empty(b, h, sq, dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("flashtile::bwd", mutates_args=())
-def attention_bwd(
-    dout: Tensor,
-    dlse: Optional[Tensor],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    sinks: Optional[Tensor],
-    softmax_scale: float,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _bwd_op(dout, dlse, q, k, v, out, lse, *options):
     """(dq, dk, dv, dsinks); dsinks is an empty tensor when there are no sinks."""
-    return _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, window_right, softcap, deterministic)
+    return _bwd_impl(dout, dlse, q, k, v, out, lse, *options)
 
 
-@attention_bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
+@torch.library.register_fake("flashtile::bwd")
+def _(dout, dlse, q, k, v, out, lse, *options):
+    sinks = Options(*options).sinks
     dsinks = q.new_empty(0) if sinks is None else _empty_like_contiguous(sinks)
     return _empty_like_contiguous(q), _empty_like_contiguous(k), _empty_like_contiguous(v), dsinks
 
 
-@torch.library.custom_op("flashtile::bwd_bwd", mutates_args=())
-def attention_bwd_bwd(
-    grad_dq: Tensor,
-    grad_dk: Tensor,
-    grad_dv: Tensor,
-    grad_dsinks: Tensor,
-    dout: Tensor,
-    dlse: Optional[Tensor],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    sinks: Optional[Tensor],
-    softmax_scale: float,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _bwd_bwd_op(grad_dq, grad_dk, grad_dv, grad_dsinks, dout, dlse, q, k, v, out, lse, *options):
     """Double backward: the vector-Jacobian product of ``bwd`` w.r.t. its tensor inputs.
 
     ``grad_*`` are the cotangents of (dq, dk, dv, dsinks) (``grad_dsinks`` empty without
     sinks).  Returns (g_dout, g_dlse, g_q, g_k, g_v, g_out, g_lse, g_sinks); g_dlse / g_sinks
     are empty when dlse / sinks are None.  PyTorch math (``_reference_double_backward``), exact
     and checked by ``gradgradcheck``; no TileLang kernel implements it, so on CUDA it runs only
-    when asked for with ``FLASHTILE_ALLOW_REFERENCE_DOUBLE_BACKWARD=1``.
+    when asked for with ``FLASHTILE_ALLOW_REFERENCE_DOUBLE_BACKWARD=1``.  ``deterministic`` is
+    accepted and has nothing to choose.
     """
+    o = Options(*options)
     if q.device.type != "cpu" and os.environ.get("FLASHTILE_ALLOW_REFERENCE_DOUBLE_BACKWARD") != "1":
         raise NotImplementedError(
             "flashtile: double backward (differentiating the attention backward pass) has no "
@@ -162,15 +149,25 @@ def attention_bwd_bwd(
         )
     with torch.no_grad():
         grads = _reference_double_backward(
-            grad_dq, grad_dk, grad_dv, grad_dsinks if sinks is not None else None,
-            dout, dlse, q, k, v, out, lse, sinks, softmax_scale, (window_left, window_right), softcap,
+            grad_dq, grad_dk, grad_dv, grad_dsinks if o.sinks is not None else None,
+            dout, dlse, q, k, v, out, lse, o.sinks, o.softmax_scale, (o.window_left, o.window_right), o.softcap,
         )
     return tuple(q.new_empty(0) if g is None else _fresh(g) for g in grads)
 
 
-@attention_bwd_bwd.register_fake
-def _(grad_dq, grad_dk, grad_dv, grad_dsinks, dout, dlse, q, k, v, out, lse, sinks, *scalars):
+@torch.library.register_fake("flashtile::bwd_bwd")
+def _(grad_dq, grad_dk, grad_dv, grad_dsinks, dout, dlse, q, k, v, out, lse, *options):
+    sinks = Options(*options).sinks
     return tuple(q.new_empty(0) if t is None else _empty_like_contiguous(t) for t in (dout, dlse, q, k, v, out, lse, sinks))
+
+
+# Registered explicitly: ``torch.library.impl`` as a decorator does not hand the function back.
+for _name, _fn in (("fwd", _fwd_op), ("bwd", _bwd_op), ("bwd_bwd", _bwd_bwd_op)):
+    torch.library.impl(f"flashtile::{_name}", "default", _fn)
+
+attention_fwd = torch.ops.flashtile.fwd.default
+attention_bwd = torch.ops.flashtile.bwd.default
+attention_bwd_bwd = torch.ops.flashtile.bwd_bwd.default
 
 
 def _reference_double_backward(A, B, C, e, dout, dlse, q, k, v, out, lse, sinks, scale, window, softcap, chunk=None):
@@ -309,10 +306,11 @@ def _bwd(dout, dlse, q, k, v, out, lse, sinks, *args):
 
 
 def _setup_fwd(ctx, inputs, output):
-    q, k, v, sinks, scale, left, right, softcap, deterministic = inputs
+    q, k, v, *options = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.args = (scale, left, right, softcap, deterministic)
+    o = Options(*options)
+    ctx.save_for_backward(q, k, v, out, lse, o.sinks)
+    ctx.options = options  # sinks is also in saved_tensors, which is what backward reads
     ctx.set_materialize_grads(False)
 
 
@@ -320,24 +318,32 @@ def _backward_fwd(ctx, dout, dlse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
     if dout is None:  # only lse was used downstream
         dout = torch.zeros_like(out)
-    dq, dk, dv, dsinks = _bwd(dout, dlse, q, k, v, out, lse, sinks, *ctx.args)
-    return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None, None
+    options = Options(*ctx.options)._replace(sinks=sinks)
+    dq, dk, dv, dsinks = _bwd(dout, dlse, q, k, v, out, lse, *options)
+    return dq, dk, dv, *_option_grads(dsinks if sinks is not None else None)
 
 
-attention_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+def _option_grads(dsinks):
+    """Gradients of the options in schema order: sinks gets ``dsinks``, the rest None."""
+    return (dsinks,) + (None,) * (_N_OPTIONS - 1)
+
+
+torch.library.register_autograd("flashtile::fwd", _backward_fwd, setup_context=_setup_fwd)
 
 
 def _setup_bwd(ctx, inputs, output):
-    dout, dlse, q, k, v, out, lse, sinks, scale, left, right, softcap, deterministic = inputs
-    ctx.save_for_backward(dout, dlse, q, k, v, out, lse, sinks)
-    ctx.args = (scale, left, right, softcap)
+    dout, dlse, q, k, v, out, lse, *options = inputs
+    o = Options(*options)
+    ctx.save_for_backward(dout, dlse, q, k, v, out, lse, o.sinks)
+    ctx.options = options
 
 
 def _backward_bwd(ctx, grad_dq, grad_dk, grad_dv, grad_dsinks):
     dout, dlse, q, k, v, out, lse, sinks = ctx.saved_tensors
     if grad_dsinks is None or sinks is None:
         grad_dsinks = q.new_empty(0)
-    grads = attention_bwd_bwd(grad_dq, grad_dk, grad_dv, grad_dsinks, dout, dlse, q, k, v, out, lse, sinks, *ctx.args)
+    options = Options(*ctx.options)._replace(sinks=sinks)
+    grads = attention_bwd_bwd(grad_dq, grad_dk, grad_dv, grad_dsinks, dout, dlse, q, k, v, out, lse, *options)
     g_dout, g_dlse, g_q, g_k, g_v, g_out, g_lse, g_sinks = grads
     return (
         g_dout,
@@ -347,16 +353,11 @@ def _backward_bwd(ctx, grad_dq, grad_dk, grad_dv, grad_dsinks):
         g_v,
         g_out,
         g_lse,
-        g_sinks if sinks is not None else None,
-        None,
-        None,
-        None,
-        None,
-        None,
+        *_option_grads(g_sinks if sinks is not None else None),
     )
 
 
-attention_bwd.register_autograd(_backward_bwd, setup_context=_setup_bwd)
+torch.library.register_autograd("flashtile::bwd", _backward_bwd, setup_context=_setup_bwd)
 
 
 class _EagerAttention(torch.autograd.Function):
@@ -367,10 +368,9 @@ class _EagerAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
-        inputs = (q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic)
-        output = _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap)
-        _setup_fwd(ctx, inputs, output)
+    def forward(ctx, q, k, v, *options):
+        output = _fwd_op(q, k, v, *options)
+        _setup_fwd(ctx, (q, k, v, *options), output)
         return output
 
     backward = staticmethod(_backward_fwd)

@@ -73,7 +73,7 @@ def test_opcheck_bwd_bwd():
     out, lse = ops.attention(q, k, v, s, 0.3, 2, 0, 1.5, False)
     dout, dlse = torch.randn_like(out), torch.randn_like(lse)
     cotangents = (torch.randn_like(q), torch.randn_like(k), torch.randn_like(v), torch.randn_like(s))
-    torch.library.opcheck(BWD_BWD, (*cotangents, dout, dlse, q, k, v, out, lse, s, 0.3, 2, 0, 1.5))
+    torch.library.opcheck(BWD_BWD, (*cotangents, dout, dlse, q, k, v, out, lse, s, 0.3, 2, 0, 1.5, False))
 
 
 def test_opcheck_noncontiguous_inputs():
