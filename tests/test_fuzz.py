@@ -797,3 +797,117 @@ def test_kvcache_append_equals_attention_over_concatenation(kc):
 
 def replace_case(c: Case, **changes) -> Case:
     return Case(**{**c.__dict__, **changes})
+
+
+# --- any input: an answer or a named error ------------------------------------------------------
+
+NAMED_ERRORS = (ValueError, TypeError, NotImplementedError)
+small_dims = st.integers(0, 3)
+
+
+def _zeros_like_dtype(shape, dtype):
+    return torch.ones(shape, dtype=dtype)
+
+
+@st.composite
+def loose_inputs(draw):
+    """Shapes that may or may not agree (batch, heads, head dims, ranks), odd dtypes and options."""
+    b, sq, sk, hkv, g, d, dv = (draw(small_dims) for _ in range(7))
+    h = hkv * g if draw(st.booleans()) else draw(small_dims)
+
+    def t(shape):
+        shape = list(shape)
+        if draw(st.integers(0, 9)) == 0:  # perturb one dimension or the rank
+            if draw(st.booleans()) and shape:
+                shape[draw(st.integers(0, len(shape) - 1))] = draw(small_dims)
+            else:
+                shape = shape[:-1] if draw(st.booleans()) else shape + [1]
+        dtype = draw(st.sampled_from([torch.float64] * 6 + [torch.float32, torch.float16, torch.int32]))
+        return _zeros_like_dtype(shape, dtype)
+
+    q, k, v = t((b, sq, h, d)), t((b, sk, hkv, d)), t((b, sk, hkv, dv))
+    sinks = draw(st.one_of(st.none(), st.builds(lambda n: torch.zeros(n, dtype=F64), st.integers(0, 4))))
+    window = draw(st.tuples(st.integers(-3, 4), st.integers(-3, 4)))
+    softcap = draw(st.sampled_from([0.0, 1.0, -1.0, float("inf"), float("nan")]))
+    scale = draw(st.sampled_from([None, 0.5, 0.0, -1.0, float("nan")]))
+    return q, k, v, sinks, window, softcap, scale
+
+
+@given(loose_inputs(), st.booleans())
+def test_any_input_gives_an_answer_or_a_named_error(inp, causal):
+    """flash_attn_func and SDPA on arbitrary (often inconsistent) shapes, dtypes and options
+    either return well-shaped outputs or raise ValueError/TypeError/NotImplementedError, never
+    an error from deep inside (RuntimeError, IndexError, ZeroDivisionError...)."""
+    q, k, v, sinks, window, softcap, scale = inp
+    note((tuple(q.shape), q.dtype, tuple(k.shape), k.dtype, tuple(v.shape), v.dtype,
+          None if sinks is None else tuple(sinks.shape), window, softcap, scale, causal))
+    try:
+        out = flashtile.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window, sinks=sinks,
+                                        softcap=softcap)
+        assert out.shape == (*q.shape[:3], v.shape[-1])
+    except NAMED_ERRORS:
+        pass
+    if q.dim() == 4 and k.dim() == 4 and v.dim() == 4:
+        try:
+            out = flashtile.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,
+                enable_gqa=True, window_size=window, sinks=sinks, softcap=softcap,
+            )
+            assert out.shape == (q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
+        except (*NAMED_ERRORS, RuntimeError) as e:  # RuntimeError: PyTorch's own for unequal heads
+            if isinstance(e, RuntimeError) and "same number of heads" not in str(e):
+                raise
+
+
+@needs_varlen
+@given(st.data())
+def test_varlen_any_offsets_give_an_answer_or_a_named_error(data):
+    """flash_attn_varlen_func with arbitrary cu_seqlens / seqused / max_seqlen (unsorted, past
+    the end, negative, wrong dtype or length) answers or raises a named error."""
+    draw = data.draw
+    tq, tk, h, hkv, d = (draw(st.integers(0, 6)) for _ in range(5))
+    hkv = max(hkv, 1)
+    q, k, v = torch.randn(tq, hkv * max(h, 0), d or 1), torch.randn(tk, hkv, d or 1), torch.randn(tk, hkv, 2)
+    n = draw(st.integers(0, 4))
+    ints = st.integers(-2, 8)
+    offsets = lambda: torch.tensor(draw(st.lists(ints, min_size=n, max_size=n)), dtype=draw(st.sampled_from([torch.int32] * 4 + [torch.int64])))
+    cu_q, cu_k = offsets(), offsets()
+    used = lambda: draw(st.one_of(st.none(), st.builds(lambda xs: torch.tensor(xs, dtype=torch.int32), st.lists(ints, min_size=max(n - 1, 0), max_size=max(n - 1, 0)))))
+    kw = dict(seqused_q=used(), seqused_k=used(), causal=draw(st.booleans()), return_lse=True)
+    note((tq, tk, cu_q, cu_k, kw))
+    try:
+        out, lse = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, draw(ints), draw(ints), **kw)
+        assert out.shape == (tq, q.shape[1], 2) and lse.shape == (q.shape[1], tq)
+    except NAMED_ERRORS:
+        pass
+
+
+@needs_kvcache
+@given(st.data())
+def test_kvcache_any_lengths_give_an_answer_or_a_named_error(data):
+    """flash_attn_with_kvcache with arbitrary cache_seqlens / leftpad / block tables / new-token
+    counts (overflowing the cache, negative, out-of-range pages) answers or raises a named error."""
+    draw = data.draw
+    b, sq, snew, cap = draw(st.integers(0, 3)), draw(st.integers(0, 3)), draw(st.integers(0, 3)), draw(st.integers(0, 5))
+    paged = draw(st.booleans())
+    ints = st.integers(-2, 7)
+    vec = lambda n: torch.tensor(draw(st.lists(ints, min_size=n, max_size=n)), dtype=torch.int32)
+    rows = draw(st.integers(0, 4))
+    k_cache, v_cache = torch.randn(rows, cap, 2, 8), torch.randn(rows, cap, 2, 8)
+    kw = dict(cache_seqlens=draw(st.one_of(ints, st.just(None), st.builds(lambda: vec(b)))), causal=draw(st.booleans()),
+              cache_leftpad=draw(st.one_of(st.none(), st.builds(lambda: vec(b)))), return_lse=True)
+    # Page and row indices stay in range here: out-of-range ones are not validated yet
+    # (tests/test_degenerate.py::test_kvcache_out_of_range_indices_are_named_errors, xfail).
+    if paged and rows:
+        pages = st.lists(st.lists(st.integers(0, rows - 1), min_size=2, max_size=2), min_size=b, max_size=b)
+        kw["block_table"] = torch.tensor(draw(pages), dtype=torch.int32).reshape(b, 2)
+    elif not paged and rows and draw(st.booleans()):
+        kw["cache_batch_idx"] = torch.tensor(draw(st.lists(st.integers(0, rows - 1), min_size=b, max_size=b)), dtype=torch.int32)
+    if snew:
+        kw.update(k=torch.randn(b, snew, 2, 8), v=torch.randn(b, snew, 2, 8))
+    note((b, sq, snew, cap, rows, kw))
+    try:
+        out, lse = flashtile.flash_attn_with_kvcache(torch.randn(b, sq, 4, 8), k_cache, v_cache, **kw)
+        assert out.shape == (b, sq, 4, 8) and lse.shape == (b, 4, sq)
+    except NAMED_ERRORS:
+        pass
