@@ -13,7 +13,9 @@ incl. -inf, softcap, scale, float32/float64, non-contiguous layouts), and checks
   dense call, a KV-cache append equals attending over the concatenation;
 * NaN/inf inputs: propagation as in PyTorch's math SDPA backend, confined to the rows and
   columns they can reach;
-* on CPU, the float16/bfloat16 forward is the float32 arithmetic rounded once.
+* on CPU, the float16/bfloat16 forward is the float32 arithmetic rounded once;
+* any input, however inconsistent (shapes, ranks, dtypes, options, offsets, cache lengths),
+  gives an answer or a named error (ValueError / TypeError / NotImplementedError).
 
 ``flashtile.distributed.ring_flash_attn_func`` is not fuzzed here (it needs processes); the
 lse-combination property is the rule it relies on.
