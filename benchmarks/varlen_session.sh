@@ -12,7 +12,7 @@ pc="python3 -m flashtile.kernels.precompile --jobs 8"
 t0=$(date +%s)
 ( timeout "${PRECOMPILE_S:-100}" $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det ) > "$out/precompile.log" 2>&1 &
 ( timeout "${PRECOMPILE_S:-100}" $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
-  timeout 40 $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd ) > "$out/precompile2.log" 2>&1 &
+  timeout 30 $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd ) > "$out/precompile2.log" 2>&1 &
 wait
 echo "precompile: $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
 t0=$(date +%s)
