@@ -170,6 +170,14 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     if empty:
         dq.zero_(), dk.zero_(), dv.zero_()
         dsinks = None if sinks is None else torch.zeros_like(sinks)
+        no_keys = sk == 0 or (packed is not None and packed.max_k == 0)
+        if sinks is not None and dlse is not None and no_keys and dlse.numel():
+            # Rows without keys: lse = sink and out = 0, so dL/dsink = sum of dlse over the
+            # (used) rows: -sum exp(sink - lse) * (dO.O - dlse).
+            g = dlse.float()
+            if packed is not None:
+                g = g * packed.used_q_rows(sq)[None, :]
+            dsinks = g.sum(dim=tuple(d for d in range(g.dim()) if d != g.dim() - 2)).to(sinks.dtype)
         return dq, dk, dv, dsinks
 
     delta = torch.empty(b, h, (sq + 3) // 4 * 4, dtype=torch.float32, device=q.device)  # rows 16-byte aligned
@@ -208,10 +216,9 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
 
     dsinks = None
     if sinks is not None:
-        # Rows no key and no sink reach carry lse = -inf only where no sink exists; rows a
-        # packed batch leaves unused carry -inf with sinks too, and contribute nothing.
+        # lse = -inf with a sink: a -inf sink on a row that sees no key, or a row a packed
+        # batch leaves unused; neither takes part (exp(-inf - -inf) would be NaN).
         lse3 = lse.reshape(b, h, sq)
-        weight = torch.exp(sinks.float()[None, :, None] - lse3)
-        weight = torch.where(torch.isinf(lse3), 0.0, weight) if varlen else weight
+        weight = torch.where(torch.isinf(lse3), 0.0, torch.exp(sinks.float()[None, :, None] - lse3))
         dsinks = (-(weight * delta_rows[:, :, :sq])).sum(dim=(0, 2)).to(sinks.dtype)
     return dq, dk, dv, dsinks
