@@ -30,10 +30,19 @@ FN = "flash_attn_func"
 QKV_LAYOUT = "(batch, seqlen, nheads, headdim)"
 
 
-def validate(q, k, v, softmax_scale, window_size, sinks, softcap, fn: str = FN) -> None:
-    """Refuse bad input before any work, naming the argument, the expectation and the value."""
+def validate(q, k, v, softmax_scale, window_size, sinks, softcap, fn: str = FN, fp8=None) -> None:
+    """Refuse bad input before any work, naming the argument, the expectation and the value.
+
+    ``fp8``: None (FP8 inputs refused as an unsupported dtype), or the FP8 options
+    ``(q_descale, k_descale, v_descale, out_dtype)`` of an entry point that takes float8_e4m3fn.
+    """
+    dtypes = SUPPORTED_DTYPES if fp8 is None else SUPPORTED_DTYPES + (V.FP8_DTYPE,)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        V.check_tensor(fn, name, x, 4, QKV_LAYOUT, SUPPORTED_DTYPES)
+        if fp8 is not None:
+            V.check_fp8_dtype(fn, name, x)
+        V.check_tensor(fn, name, x, 4, QKV_LAYOUT, dtypes)
+    if fp8 is not None:
+        V.check_fp8_mix(fn, q, k, v)
     if not (q.dtype == k.dtype == v.dtype):
         V.fail(fn, TypeError, "q, k, v dtypes", "equal", f"{q.dtype}, {k.dtype}, {v.dtype}")
     if len({q.device, k.device, v.device}) != 1:
@@ -59,6 +68,16 @@ def validate(q, k, v, softmax_scale, window_size, sinks, softcap, fn: str = FN) 
     V.check_window(fn, window_size)
     V.check_softcap(fn, softcap)
     V.check_sinks(fn, sinks, h, q.device)
+    if fp8 is not None:
+        V.check_fp8_options(fn, q, k, v, sinks, *fp8, batch=b, nheads_kv=hkv)
+
+
+def fp8_options(q, q_descale, k_descale, v_descale, out_dtype) -> tuple:
+    """The ops' FP8 options ``(q_descale, k_descale, v_descale, out_dtype)``: out_dtype resolved
+    to bfloat16 for FP8 inputs, None (q's dtype) otherwise."""
+    if q.dtype != V.FP8_DTYPE:
+        return (None, None, None, None)
+    return (q_descale, k_descale, v_descale, torch.bfloat16 if out_dtype is None else out_dtype)
 
 
 def normalize_window(causal: bool, window_size) -> tuple[int, int]:
@@ -84,6 +103,10 @@ def flash_attn_func(
     *,
     sinks: Optional[torch.Tensor] = None,
     return_lse: bool = False,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ):
     """Exact attention, drop-in for ``flash_attn.flash_attn_func`` (flash-attn 2).
 
@@ -114,9 +137,18 @@ def flash_attn_func(
         return_lse: keyword only, bool; return ``(out, lse)``.  lse is (batch, nheads,
             seqlen_q), float32, natural log, sink included; -inf for rows that see no key and
             have no sink.
+        q_descale, k_descale, v_descale: keyword only; FP8 inputs (q, k, v all
+            ``torch.float8_e4m3fn``) need all three: float32 (batch, nheads_kv), flash-attn 3's
+            convention (real value = stored value x descale; q's scale is shared by the query
+            heads of a kv head's group).  None for other dtypes.  ``flashtile.fp8.quantize_qkv``
+            makes them.  FP8 is forward-only (inputs requiring grad are refused, as flash-attn 3
+            has no FP8 backward) and runs on CPU (exact: dequantize, then the reference); CUDA
+            raises NotImplementedError until the FP8 kernels exist.
+        out_dtype: keyword only; FP8 inputs: torch.bfloat16 (default, None) or torch.float16.
+            Other inputs: None (out is in q's dtype).
 
     Returns:
-        out (batch, seqlen_q, nheads, headdim_v) in q's dtype; ``(out, lse)`` with
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype (FP8: ``out_dtype``); ``(out, lse)`` with
         ``return_lse``; ``(out, lse, None)`` with ``return_attn_probs``.  Rows that see no key
         output zeros.  q, k, v and sinks receive gradients (also through lse).
 
@@ -130,12 +162,14 @@ def flash_attn_func(
         ("return_lse", return_lse),
     ):
         V.check_flag(FN, name, flag)
-    validate(q, k, v, softmax_scale, window_size, sinks, softcap)
+    validate(q, k, v, softmax_scale, window_size, sinks, softcap, fp8=(q_descale, k_descale, v_descale, out_dtype))
+    V.refuse_fp8_on_cuda(q)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     left, right = normalize_window(causal, window_size)
     out, lse = ops.attention(
-        q, k, v, sinks, float(softmax_scale), left, right, float(softcap), bool(deterministic)
+        q, k, v, sinks, float(softmax_scale), left, right, float(softcap), bool(deterministic),
+        *fp8_options(q, q_descale, k_descale, v_descale, out_dtype),
     )
     if return_attn_probs:
         return out, lse, None

@@ -6,6 +6,10 @@ opaque node per pass instead of tracing into TileLang.  CPU tensors run ``refere
 tensors run the TileLang kernels of ``flashtile.kernels`` (which raise ``NotImplementedError``
 for a case no kernel covers, never a silent slow path).
 
+FP8 inputs (float8_e4m3fn q, k, v with the ``*_descale`` options; ``flashtile.fp8``) are forward
+only: on CPU they are dequantized to float32 and run the reference; on CUDA they are refused
+before any work until FP8 kernels exist; ``bwd`` refuses them.
+
 Autograd: ``fwd``'s backward is the ``bwd`` op; ``bwd``'s backward (double backward, e.g. for a
 gradient penalty) is the ``bwd_bwd`` op (PyTorch math; CPU, or CUDA on request).
 
@@ -22,7 +26,8 @@ from collections import namedtuple
 import torch
 from torch import Tensor
 
-from . import reference
+from . import fp8, reference
+from .validation import FP8_CUDA_REFUSAL, FP8_DTYPE
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
@@ -48,8 +53,30 @@ def _empty_like_contiguous(x: Tensor) -> Tensor:
     return x.new_empty(x.shape)
 
 
-def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap):
+def _fp8_reference(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q=None, cu_seqlens_k=None):
+    """FP8 on CPU: float32 copies holding the real values (stored x descale per group)."""
+    return (fp8.dequantize(q, q_descale, cu_seqlens_q), fp8.dequantize(k, k_descale, cu_seqlens_k),
+            fp8.dequantize(v, v_descale, cu_seqlens_k))
+
+
+def _fp8_no_backward():
+    return NotImplementedError(
+        "flashtile: FP8 (float8_e4m3fn) attention is forward-only, as in flash-attn 3: no backward pass"
+    )
+
+
+def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     window = (window_left, window_right)
+    if q.dtype == FP8_DTYPE:
+        if q.device.type == "cuda":
+            raise NotImplementedError(FP8_CUDA_REFUSAL)  # before any work; no kernel yet
+        if q.device.type != "cpu":
+            raise _no_device(q.device)
+        with torch.no_grad():
+            qf, kf, vf = _fp8_reference(q, k, v, q_descale, k_descale, v_descale)
+            out, lse = reference.attention_forward(qf, kf, vf, softmax_scale, window, sinks, softcap)
+        return out.to(out_dtype or torch.bfloat16).contiguous(), _fresh(lse)
     if q.device.type == "cuda":
         out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, window, softcap)
     elif q.device.type == "cpu":
@@ -60,8 +87,11 @@ def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap)
     return _fresh(out), _fresh(lse)
 
 
-def _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
+def _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     window = (window_left, window_right)
+    if q.dtype == FP8_DTYPE:
+        raise _fp8_no_backward()
     if q.device.type == "cuda":
         dq, dk, dv, dsinks = _kernels().backward(
             dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic
@@ -82,6 +112,8 @@ def _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, 
 # The ops' non-data arguments, in schema order: the one place they are listed.  Schemas, the
 # implementations' unpacking (``Options``) and the autograd glue are generated from it, so a new
 # option (a mask feature, a score modifier) is one line here plus its use in the impls.
+# Entries are (name, schema type) or (name, schema type, default); options with a default come
+# last, and calls that leave them out (older callers, ``opcheck`` argument lists) still work.
 _OPTIONS = (
     ("sinks", "Tensor?"),
     ("softmax_scale", "float"),
@@ -89,13 +121,25 @@ _OPTIONS = (
     ("window_right", "int"),
     ("softcap", "float"),
     ("deterministic", "bool"),
+    # FP8 (float8_e4m3fn q, k, v; forward only): (batch, nheads_kv) float32 descales and the
+    # output dtype (None: q's dtype).  None for other inputs.
+    ("q_descale", "Tensor?", None),
+    ("k_descale", "Tensor?", None),
+    ("v_descale", "Tensor?", None),
+    ("out_dtype", "ScalarType?", None),
 )
-Options = namedtuple("Options", [name for name, _ in _OPTIONS])
+# The FP8 options default to None, so callers that predate them (positional Options) still work.
+Options = namedtuple("Options", [o[0] for o in _OPTIONS], defaults=[o[2] for o in _OPTIONS if len(o) > 2])
 _N_OPTIONS = len(_OPTIONS)
 
 
+def _option_schema(name: str, kind: str, *default) -> str:
+    """``"<kind> <name>"``, with ``=<default>`` for an option that has one (Python None -> None)."""
+    return f"{kind} {name}" + (f"={default[0]}" if default else "")
+
+
 def _schema(data: str, returns: str) -> str:
-    return f"({data}, {', '.join(f'{kind} {name}' for name, kind in _OPTIONS)}) -> {returns}"
+    return f"({data}, {', '.join(_option_schema(*o) for o in _OPTIONS)}) -> {returns}"
 
 
 _FWD_DATA = "Tensor q, Tensor k, Tensor v"
@@ -109,13 +153,22 @@ torch.library.define("flashtile::bwd_bwd", _schema(_BWD_BWD_DATA, "(" + ", ".joi
 def _fwd_op(q, k, v, *options):
     """(out, lse) for BSHD q/k/v; see ``flashtile.flash_attn_func`` for the meaning."""
     o = Options(*options)
-    return _fwd_impl(q, k, v, o.sinks, o.softmax_scale, o.window_left, o.window_right, o.softcap)
+    return _fwd_impl(q, k, v, o.sinks, o.softmax_scale, o.window_left, o.window_right, o.softcap,
+                     o.q_descale, o.k_descale, o.v_descale, o.out_dtype)
+
+
+def _out_dtype(q: Tensor, out_dtype) -> torch.dtype:
+    """The forward output's dtype: ``out_dtype`` for FP8 inputs (bfloat16 if None), else q's."""
+    if q.dtype == FP8_DTYPE:
+        return out_dtype or torch.bfloat16
+    return q.dtype
 
 
 @torch.library.register_fake("flashtile::fwd")
 def _(q, k, v, *options):
     b, sq, h, _ = q.shape
-    return q.new_empty(b, sq, h, v.shape[-1]), q.new_empty(b, h, sq, dtype=_lse_dtype(q))
+    out_dtype = _out_dtype(q, Options(*options).out_dtype)
+    return q.new_empty(b, sq, h, v.shape[-1], dtype=out_dtype), q.new_empty(b, h, sq, dtype=_lse_dtype(q))
 
 
 def _bwd_op(dout, dlse, q, k, v, out, lse, *options):
@@ -376,14 +429,16 @@ class _EagerAttention(torch.autograd.Function):
     backward = staticmethod(_backward_fwd)
 
 
-def attention(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic):
-    """Differentiable (out, lse).
+def attention(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+    """Differentiable (out, lse) (FP8 inputs: forward only).
 
     Traced (torch.compile, export, fake tensors, functorch, subclasses): the ``flashtile::fwd``
     custom op, one opaque node.  Plain eager: ``_EagerAttention``, which runs the same
     implementation and backward without the custom-op dispatcher's per-call Python overhead.
     """
-    args = (q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic)
-    if q.device.type in _FAST_DEVICES and _plain_eager(q, k, v, sinks):
+    args = (q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
+            q_descale, k_descale, v_descale, out_dtype)
+    if q.device.type in _FAST_DEVICES and _plain_eager(q, k, v, sinks, q_descale, k_descale, v_descale):
         return _EagerAttention.apply(*args)
     return attention_fwd(*args)

@@ -147,3 +147,84 @@ def reject_unsupported(fn: str, dropout_p=0.0, alibi_slopes=None) -> None:
         raise NotImplementedError(
             f"{fn}: alibi_slopes is not supported (got {describe(alibi_slopes)}); pass alibi_slopes=None"
         )
+
+
+# --- FP8 inputs (float8_e4m3fn with descales) -------------------------------------------------
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)
+_OTHER_FP8 = {
+    name: getattr(torch, name)
+    for name in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+    if hasattr(torch, name)
+}
+FP8_CUDA_REFUSAL = (
+    "flashtile: no CUDA kernel for FP8 attention yet (float8_e4m3fn inputs); dequantize to bf16 or use CPU tensors"
+)
+
+
+def check_fp8_dtype(fn: str, name: str, x) -> None:
+    """Refuse FP8 formats other than float8_e4m3fn with the reason (before the generic dtype check)."""
+    if isinstance(x, torch.Tensor) and x.dtype in _OTHER_FP8.values():
+        fail(
+            fn, TypeError, f"{name}.dtype",
+            "float8_e4m3fn for FP8 attention (flash-attn 3's format: 3 mantissa bits; e5m2 has 2 and "
+            "is meant for gradients, the fnuz/e8m0 formats are other vendors' or scale-only encodings; "
+            "quantize with flashtile.fp8.quantize_fp8)",
+            x.dtype,
+        )
+
+
+def check_fp8_mix(fn: str, q, k, v) -> None:
+    """q, k, v are all float8_e4m3fn or none is (no mixed FP8 / non-FP8 inputs)."""
+    n = sum(x.dtype == FP8_DTYPE for x in (q, k, v))
+    if 0 < n < 3:
+        fail(fn, TypeError, "q, k, v dtypes", "all float8_e4m3fn (FP8 attention) or none of them",
+             f"{q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def check_fp8_options(fn: str, q, k, v, sinks, q_descale, k_descale, v_descale, out_dtype, batch: int, nheads_kv: int) -> None:
+    """The FP8 options: descales ``(batch, nheads_kv)`` float32 on q's device exactly when q, k, v
+    are float8_e4m3fn; ``out_dtype`` bf16/fp16 (or None) for FP8, None or q's dtype otherwise.
+    FP8 attention is forward-only (flash-attn 3's FP8 path has no backward): inputs that would
+    need a gradient are refused."""
+    descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    if q.dtype != FP8_DTYPE:
+        for name, t in descales:
+            if t is not None:
+                fail(fn, ValueError, name, f"None for non-FP8 inputs (q.dtype is {q.dtype}; descales go with float8_e4m3fn q, k, v)",
+                     describe(t))
+        if out_dtype is not None and out_dtype != q.dtype:
+            fail(fn, ValueError, "out_dtype", f"None or q's dtype {q.dtype} for non-FP8 inputs (out_dtype applies to float8_e4m3fn inputs)",
+                 describe(out_dtype))
+        return
+    if out_dtype is not None and out_dtype not in FP8_OUT_DTYPES:
+        fail(fn, TypeError, "out_dtype", "None (bfloat16), torch.bfloat16 or torch.float16 for FP8 inputs", describe(out_dtype))
+    expected = f"a float32 tensor of shape (batch, nheads_kv) = ({batch}, {nheads_kv}) for float8_e4m3fn inputs"
+    for name, t in descales:
+        if t is None:
+            fail(fn, ValueError, name, expected + " (real value = stored value x descale)", "None")
+        if not isinstance(t, torch.Tensor):
+            fail(fn, TypeError, name, expected, describe(t))
+        if t.dtype != torch.float32:
+            fail(fn, TypeError, f"{name}.dtype", "torch.float32", t.dtype)
+        if t.shape != (batch, nheads_kv):
+            fail(fn, ValueError, name, f"shape (batch, nheads_kv) = ({batch}, {nheads_kv})", f"shape {tuple(t.shape)}")
+        if t.device != q.device:
+            fail(fn, ValueError, f"{name}.device", f"q's device {q.device}", t.device)
+    if torch.is_grad_enabled():
+        for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks)) + descales:
+            if t is not None and t.requires_grad:
+                raise NotImplementedError(
+                    f"{fn}: {name} requires grad, but FP8 (float8_e4m3fn) attention is forward-only, as in "
+                    "flash-attn 3: no gradients are produced. Run it under torch.no_grad() / "
+                    "torch.inference_mode() or pass detached tensors; train in bf16/fp16."
+                )
+
+
+def refuse_fp8_on_cuda(q) -> None:
+    """FP8 attention runs on CPU (exact reference) only until the FP8 kernels exist: a CUDA
+    float8_e4m3fn call is refused before any work (``kernels.unsupported_reason`` would only
+    name the dtype)."""
+    if q.dtype == FP8_DTYPE and q.device.type == "cuda":
+        raise NotImplementedError(FP8_CUDA_REFUSAL)

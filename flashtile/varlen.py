@@ -40,7 +40,7 @@ from torch import Tensor
 
 from . import ops, reference
 from . import validation as V
-from .interface import MAX_HEADDIM, SUPPORTED_DTYPES, normalize_window
+from .interface import MAX_HEADDIM, SUPPORTED_DTYPES, fp8_options, normalize_window
 
 FN = "flash_attn_varlen_func"
 CHECK_SEQLENS_ENV = "FLASHTILE_CHECK_SEQLENS"
@@ -71,6 +71,10 @@ def flash_attn_varlen_func(
     return_lse: bool = False,
     seqused_q: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ):
     """Exact attention over packed sequences, drop-in for ``flash_attn.flash_attn_varlen_func``
     (flash-attn 2's positional order).
@@ -91,9 +95,13 @@ def flash_attn_varlen_func(
         return_lse: return ``(out, lse)``.
         seqused_q, seqused_k: None or int32 (batch,): use only the first ``seqused[b]`` tokens
             of sequence b.
+        q_descale, k_descale, v_descale, out_dtype: FP8 inputs (float8_e4m3fn q, k, v), as in
+            ``flash_attn_func``: float32 descales (batch, nheads_kv), batch =
+            ``len(cu_seqlens_q) - 1``; out in ``out_dtype`` (bfloat16 default, or float16).
+            Forward only; CPU only until the FP8 kernels exist.
 
     Returns:
-        out (total_q, nheads, headdim_v) in q's dtype; lse (nheads, total_q) float32 (float64
+        out (total_q, nheads, headdim_v) in q's dtype (FP8: ``out_dtype``); lse (nheads, total_q) float32 (float64
         for float64 input), natural log, sink included, -inf for rows that see no key (and
         have no sink) and for rows outside every used range.
 
@@ -106,14 +114,16 @@ def flash_attn_varlen_func(
                        ("return_attn_probs", return_attn_probs), ("return_lse", return_lse)):
         V.check_flag(FN, name, flag)
     validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
-             softcap, sinks, seqused_q, seqused_k)
+             softcap, sinks, seqused_q, seqused_k, fp8=(q_descale, k_descale, v_descale, out_dtype))
+    V.refuse_fp8_on_cuda(q)
     if content_checks_enabled(q.device):
         check_seqlens(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     left, right = normalize_window(causal, window_size)
     opts = Options(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks,
-                   float(softmax_scale), left, right, float(softcap), bool(deterministic))
+                   float(softmax_scale), left, right, float(softcap), bool(deterministic),
+                   *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))
     out, lse = varlen_attention(q, k, v, opts)
     if return_attn_probs:
         return out, lse, None
@@ -144,10 +154,16 @@ def _check_index_tensor(name: str, x, length_name: str, length, device) -> None:
 
 
 def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
-             softcap, sinks, seqused_q, seqused_k) -> None:
-    """Shape / dtype / device checks (no data reads), naming argument, expectation and value."""
+             softcap, sinks, seqused_q, seqused_k, fp8=None) -> None:
+    """Shape / dtype / device checks (no data reads), naming argument, expectation and value.
+    ``fp8``: None (FP8 refused), or ``(q_descale, k_descale, v_descale, out_dtype)``."""
+    dtypes = SUPPORTED_DTYPES if fp8 is None else SUPPORTED_DTYPES + (V.FP8_DTYPE,)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        V.check_tensor(FN, name, x, 3, _LAYOUTS[name], SUPPORTED_DTYPES)
+        if fp8 is not None:
+            V.check_fp8_dtype(FN, name, x)
+        V.check_tensor(FN, name, x, 3, _LAYOUTS[name], dtypes)
+    if fp8 is not None:
+        V.check_fp8_mix(FN, q, k, v)
     if not (q.dtype == k.dtype == v.dtype):
         _fail(TypeError, "q, k, v dtypes", "equal", f"{q.dtype}, {k.dtype}, {v.dtype}")
     if len({q.device, k.device, v.device}) != 1:
@@ -182,6 +198,8 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
     V.check_window(FN, window_size)
     V.check_softcap(FN, softcap)
     V.check_sinks(FN, sinks, h, q.device)
+    if fp8 is not None:
+        V.check_fp8_options(FN, q, k, v, sinks, *fp8, batch=batch, nheads_kv=hkv)
 
 
 def content_checks_enabled(device: torch.device) -> bool:
@@ -226,7 +244,8 @@ def check_seqlens(total_q, total_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 # --- custom ops ---------------------------------------------------------------------------------
 
-# The ops' non-data arguments, in schema order: the one place they are listed.
+# The ops' non-data arguments, in schema order: the one place they are listed.  Entries are
+# (name, schema type) or (name, schema type, default), defaulted ones last (as in ``ops.py``).
 _OPTIONS = (
     ("cu_seqlens_q", "Tensor"),
     ("cu_seqlens_k", "Tensor"),
@@ -240,14 +259,25 @@ _OPTIONS = (
     ("window_right", "int"),
     ("softcap", "float"),
     ("deterministic", "bool"),
+    # FP8 (forward only): float32 (batch, nheads_kv) descales and out's dtype; None otherwise.
+    ("q_descale", "Tensor?", None),
+    ("k_descale", "Tensor?", None),
+    ("v_descale", "Tensor?", None),
+    ("out_dtype", "ScalarType?", None),
 )
-Options = namedtuple("Options", [name for name, _ in _OPTIONS])
-_TENSOR_OPTIONS = tuple(name for name, kind in _OPTIONS if kind.startswith("Tensor"))
+# The FP8 options default to None: positional Options built before them still work.
+Options = namedtuple("Options", [o[0] for o in _OPTIONS], defaults=[o[2] for o in _OPTIONS if len(o) > 2])
+_TENSOR_OPTIONS = tuple(o[0] for o in _OPTIONS if o[1].startswith("Tensor"))
 _N_OPTIONS = len(_OPTIONS)
 
 
+def _option_schema(name: str, kind: str, *default) -> str:
+    """``"<kind> <name>"``, with ``=<default>`` for an option that has one (Python None -> None)."""
+    return f"{kind} {name}" + (f"={default[0]}" if default else "")
+
+
 def _schema(data: str, returns: str) -> str:
-    return f"({data}, {', '.join(f'{kind} {name}' for name, kind in _OPTIONS)}) -> {returns}"
+    return f"({data}, {', '.join(_option_schema(*o) for o in _OPTIONS)}) -> {returns}"
 
 
 torch.library.define("flashtile::varlen_fwd", _schema("Tensor q, Tensor k, Tensor v", "(Tensor, Tensor)"))
@@ -269,6 +299,18 @@ def _window(o: Options) -> tuple[int, int]:
 
 
 def _fwd_impl(q, k, v, o: Options):
+    if q.dtype == V.FP8_DTYPE:
+        if q.device.type == "cuda":
+            raise NotImplementedError(V.FP8_CUDA_REFUSAL)  # before any work; no kernel yet
+        if q.device.type != "cpu":
+            raise ops._no_device(q.device)
+        with torch.no_grad():
+            qf, kf, vf = ops._fp8_reference(q, k, v, o.q_descale, o.k_descale, o.v_descale, o.cu_seqlens_q, o.cu_seqlens_k)
+            out, lse = reference.varlen_attention_forward(
+                qf, kf, vf, o.cu_seqlens_q, o.cu_seqlens_k, o.softmax_scale, _window(o), o.sinks, o.softcap,
+                o.seqused_q, o.seqused_k,
+            )
+        return out.to(o.out_dtype or torch.bfloat16).contiguous(), lse.contiguous()
     if q.device.type == "cuda":
         out, lse = _kernel("varlen_forward")(
             q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k, o.max_seqlen_q, o.max_seqlen_k,
@@ -286,6 +328,8 @@ def _fwd_impl(q, k, v, o: Options):
 
 
 def _bwd_impl(dout, dlse, q, k, v, out, lse, o: Options):
+    if q.dtype == V.FP8_DTYPE:
+        raise ops._fp8_no_backward()
     if q.device.type == "cuda":
         dq, dk, dv, dsinks = _kernel("varlen_backward")(
             dout, dlse, q, k, v, out, lse, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k,
@@ -316,7 +360,8 @@ def _varlen_bwd(dout, dlse, q, k, v, out, lse, *options):
 @torch.library.register_fake("flashtile::varlen_fwd")
 def _(q, k, v, *options):
     total_q, h, _ = q.shape
-    return q.new_empty(total_q, h, v.shape[-1]), q.new_empty(h, total_q, dtype=ops._lse_dtype(q))
+    out_dtype = ops._out_dtype(q, Options(*options).out_dtype)
+    return q.new_empty(total_q, h, v.shape[-1], dtype=out_dtype), q.new_empty(h, total_q, dtype=ops._lse_dtype(q))
 
 
 @torch.library.register_fake("flashtile::varlen_bwd")
