@@ -84,10 +84,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="decode-bench")
     ap.add_argument("--quick", action="store_true", help="B {1, 8} x L {8k, 32k} only")
+    ap.add_argument("--tiles", default="", help="also time these decode tiles, e.g. '64x2,128x2' (block_n x stages)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import flashtile
     from flashtile import flash_attn_with_kvcache
+    from flashtile.kernels import decode as decode_mod
+
+    tile_sweep = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
 
     try:
         from flash_attn import flash_attn_with_kvcache as fa_kvcache
@@ -153,6 +157,15 @@ def main(argv=None):
                         err = (out[0].float() - r).abs().max().item()
                     t = bench(call)
                     ta = bench(call_append)
+                    sweep = {}
+                    for tiles in tile_sweep:
+                        decode_mod.TILE_OVERRIDE = tiles
+                        try:
+                            o2 = call()
+                            e2 = (o2.float() - out.float()).abs().max().item()
+                            sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench(call), "diff_vs_default": e2}
+                        finally:
+                            decode_mod.TILE_OVERRIDE = None
                     fa_t = None
                     if fa_kvcache is not None:
                         try:
@@ -166,7 +179,7 @@ def main(argv=None):
                                flashtile_pct_bw=100 * io_bytes / t / bw, err_vs_fp32=err, wrong=err > 2e-2,
                                cudnn_s=sdpa["cudnn"] if page is None else None,
                                flash_s=sdpa["flash"] if page is None else None, fa_s=fa_t,
-                               sdpa_notes={k: v for k, v in sdpa.items() if k.endswith("_why")})
+                               sdpa_notes={k: v for k, v in sdpa.items() if k.endswith("_why")}, tiles=sweep)
                     rows.append(row)
                     fmt = lambda s: f"{s * 1e6:9.1f}" if s else f"{'-':>9}"  # noqa: E731
                     pct = lambda s: f"{100 * io_bytes / s / bw:5.1f}" if s else f"{'-':>5}"  # noqa: E731
@@ -174,6 +187,8 @@ def main(argv=None):
                           f"{100 * io_bytes / t / bw:5.1f} {ta * 1e6:10.1f} | {fmt(row['cudnn_s'])} {pct(row['cudnn_s'])} "
                           f"{fmt(row['flash_s'])} {pct(row['flash_s'])} {fmt(fa_t)[1:]} | {err:.1e}{' WRONG' if err > 2e-2 else ''}",
                           flush=True)
+                    for name, r in sweep.items():
+                        print(f"{'':>33}tiles {name}: {r['s'] * 1e6:9.1f} us {100 * io_bytes / r['s'] / bw:5.1f} %bw (diff {r['diff_vs_default']:.1e})", flush=True)
             del kc, vc
     meta = dict(device=props.name, sms=props.multi_processor_count, read_bw_gbs=bw / 1e9, torch=torch.__version__,
                 flashtile=flashtile.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -236,8 +236,19 @@ def decode_kernel(
 MAX_SPLITS = 128
 
 
+# (block_n, num_stages) forced for every head dim when set; benchmarks/decode_bench.py --tiles.
+TILE_OVERRIDE: tuple[int, int] | None = None
+
+
 def decode_config(dim: int, dim_v: int) -> dict:
-    """Tiles for one head-dim pair: 128-key blocks up to d = 128, 64 above (shared memory)."""
+    """Tiles for one head-dim pair: 128-key blocks up to d = 128, 64 above (shared memory).
+
+    Two stages only: with more, TileLang 0.1.15's pipeline epilogue emits a non-constant
+    ``cp.async.wait_group`` that fails in codegen (and explicit unrolling, the way around it,
+    did not finish compiling in 10 minutes).  Not yet tuned on a GPU.
+    """
+    if TILE_OVERRIDE is not None:
+        return {"block_n": TILE_OVERRIDE[0], "num_stages": TILE_OVERRIDE[1], "threads": 128}
     return {"block_n": 128 if max(dim, dim_v) <= 128 else 64, "num_stages": 2, "threads": 128}
 
 
