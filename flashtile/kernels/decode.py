@@ -241,7 +241,8 @@ TILE_OVERRIDE: tuple[int, int] | None = None
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
-    """Tiles for one head-dim pair: 128-key blocks up to d = 128, 64 above (shared memory).
+    """Tiles for one head-dim pair: 128-key blocks up to d = 128, 64 above (shared memory),
+    32 when ``dim != dim_v`` (registers).
 
     Two stages only: with more, TileLang 0.1.15's pipeline epilogue emits a non-constant
     ``cp.async.wait_group`` that fails in codegen (and explicit unrolling, the way around it,
@@ -249,7 +250,9 @@ def decode_config(dim: int, dim_v: int) -> dict:
     """
     if TILE_OVERRIDE is not None:
         return {"block_n": TILE_OVERRIDE[0], "num_stages": TILE_OVERRIDE[1], "threads": 128}
-    return {"block_n": 128 if max(dim, dim_v) <= 128 else 64, "num_stages": 2, "threads": 128}
+    if dim != dim_v:  # synchronous loads (see the module docstring): 64 keys spill 1.2 KB, 32 keys 24 B
+        return {"block_n": 32, "num_stages": 2, "threads": 128}
+    return {"block_n": 128 if dim <= 128 else 64, "num_stages": 2, "threads": 128}
 
 
 def choose_splits(ctas: int, n_blocks: int, num_sms: int) -> int:
@@ -315,7 +318,8 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         capacity = k_cache.shape[1] * table.shape[1]
         row_tiles = -(-(h // hkv) * sq // BLOCK_M)
         num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), target.sm_count(dev))
-    num_splits = min(num_splits, MAX_SPLITS)
+    # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.
+    num_splits = max(1, min(num_splits, MAX_SPLITS, (2**31 - 1) // (b * sq * h * dv)))
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, dev)
     if softcap > 0:
         score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap
@@ -352,6 +356,6 @@ def unsupported_reason(q, k_cache, v_cache):
         return f"headdim {d} / headdim_v {dv} (the decode kernel takes multiples of 16 up to 256)"
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return "non-contiguous k_cache / v_cache"
-    if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) * MAX_SPLITS >= 2**31:
-        return "q with too many rows for 32-bit partial indices"
+    if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) >= 2**31:
+        return "q / out with 2^31 or more elements (32-bit indices; split the batch)"
     return None
