@@ -169,6 +169,7 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     if num_splits < 0:
         _fail(ValueError, "num_splits", ">= 0 (0 = heuristic)", num_splits)
     _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, causal or tuple(window_size) != (-1, -1), snew, capacity, sq)
+    _check_indices(k_cache, cache_seqlens, cache_batch_idx, block_table, snew)
 
 
 def _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, per_token, snew, capacity, sq):
@@ -188,7 +189,7 @@ def _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, per_token, snew,
         _fail(ValueError, "cache_seqlens", "non-negative", seq.tolist())
     if int(seq.max()) + snew > capacity:
         _fail(ValueError, "cache_seqlens + seqlen_new", f"at most the cache capacity {capacity} for every sequence", (seq + snew).tolist())
-    if cache_leftpad is not None:
+    if cache_leftpad is not None and _readable(cache_leftpad):
         lp = cache_leftpad.detach().to("cpu", torch.int64)
         if int(lp.min()) < 0 or bool((lp > seq).any()):
             _fail(ValueError, "cache_leftpad", "between 0 and cache_seqlens for every sequence", lp.tolist())
@@ -196,6 +197,34 @@ def _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, per_token, snew,
         last = int(seq.max()) + max(snew, sq if per_token else 1)
         if last > rotary_cos.shape[0]:
             _fail(ValueError, "rotary_cos.shape[0] (seqlen_ro)", f"at least cache_seqlens + max(seqlen_new, seqlen_q) = {last}", rotary_cos.shape[0])
+
+
+def _readable(t) -> bool:
+    """Contents of ``t`` may be checked: a CPU tensor, or any with FLASHTILE_CHECK_SEQLENS=1."""
+    return t.device.type == "cpu" or os.environ.get("FLASHTILE_CHECK_SEQLENS") == "1"
+
+
+def _check_indices(k_cache, cache_seqlens, cache_batch_idx, block_table, snew):
+    """cache_batch_idx within the cache's rows; the pages a sequence uses within the cache
+    (entries past a sequence's end are never read and may hold anything, e.g. -1).  Same
+    conditions as ``_check_lengths``."""
+    if torch.compiler.is_compiling():
+        return
+    if cache_batch_idx is not None and cache_batch_idx.numel() and _readable(cache_batch_idx):
+        idx = cache_batch_idx.detach().to("cpu", torch.int64)
+        if int(idx.min()) < 0 or int(idx.max()) >= k_cache.shape[0]:
+            _fail(ValueError, "cache_batch_idx", f"indices into the cache's {k_cache.shape[0]} rows", idx.tolist())
+    if block_table is not None and block_table.numel() and _readable(block_table):
+        seq = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else torch.full((block_table.shape[0],), int(cache_seqlens))
+        if not _readable(seq):
+            return
+        used = (seq.detach().to("cpu", torch.int64) + snew + k_cache.shape[1] - 1) // k_cache.shape[1]  # pages per sequence
+        table = block_table.detach().to("cpu", torch.int64)
+        live = torch.arange(table.shape[1])[None, :] < used[:, None]
+        bad = live & ((table < 0) | (table >= k_cache.shape[0]))
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            _fail(ValueError, f"block_table[{b}, {j}]", f"a page index in [0, {k_cache.shape[0]}) (the sequence uses that page)", int(table[b, j]))
 
 
 # --- host-side steps shared by every device -------------------------------------------------

@@ -313,6 +313,7 @@ BAD = [
     ("num_splits", lambda q, kw: (q, {**kw, "num_splits": -1}), ValueError, "num_splits"),
     ("causal", lambda q, kw: (q, {**kw, "causal": 1}), TypeError, "causal"),
     ("scale", lambda q, kw: (q, {**kw, "softmax_scale": float("nan")}), ValueError, "softmax_scale"),
+    ("batch_idx range", lambda q, kw: (q, {**kw, "cache_batch_idx": torch.tensor([0, 2], dtype=torch.int32)}), ValueError, "cache_batch_idx must be indices"),
     ("batch_cache", lambda q, kw: (q, {**kw, "k_cache": kw["k_cache"][:1], "v_cache": kw["v_cache"][:1]}), ValueError, "batch_cache"),
 ]
 
@@ -335,6 +336,7 @@ BAD_PAGED = [
     ("table shape", lambda kw: {**kw, "block_table": kw["block_table"][:1]}, ValueError, "block_table"),
     ("batch_idx with table", lambda kw: {**kw, "cache_batch_idx": torch.zeros(2, dtype=torch.int32)}, ValueError, "cache_batch_idx"),
     ("too long", lambda kw: {**kw, "cache_seqlens": torch.tensor([kw["block_table"].shape[1] * 16, 0], dtype=torch.int32)}, ValueError, "capacity"),
+    ("page out of range", lambda kw: {**kw, "block_table": torch.full_like(kw["block_table"], 10**6)}, ValueError, r"block_table\[0, 0\]"),
 ]
 
 
@@ -415,3 +417,11 @@ def test_build_decode(d, dv, dtype, sinks, softcap):
     if d == dv:
         assert "cp_async" in src, "K/V tiles should stream through cp.async"
     assert "__launch_bounds__(" in combine.get_kernel_source()
+
+
+def test_unused_block_table_entries_may_hold_anything(gen):
+    """Pages past a sequence's end are never read: -1 there (as some servers pad) is fine."""
+    q, kw = make_case(batch=2, sq=1, snew=1, page=4, capacity=40, seqlens=torch.tensor([5, 9]), gen=gen)
+    ref = flash_attn_with_kvcache(q, **clone_kw(kw))
+    kw["block_table"][:, 3:] = -1  # positions >= 12 are unused (lengths 6 and 10 after the append)
+    assert torch.equal(flash_attn_with_kvcache(q, **kw), ref)
