@@ -8,8 +8,8 @@ reference on the low-precision inputs (output rounded to that precision):
 
 lse is compared on finite entries and must be -inf exactly where ref32's is.  Outputs are
 NaN-poisoned before the launch (``debug.poison``), and every cache position that is not part
-of a sequence (past its length, before its left padding, unused pages) holds NaN, so a kernel
-that reads or writes outside its range fails.  The caches after the call must equal the
+of a sequence (past its length, before its left padding, unused pages) holds NaN and unused
+block-table entries hold -1, so a kernel that reads or writes outside its range fails.  The caches after the call must equal the
 reference's caches (the in-place append).  Inputs are fresh ``torch.randn`` draws.
 
 One command: ``python -m pytest -q -m gpu tests/test_gpu_kvcache.py``.
@@ -160,6 +160,8 @@ def make_inputs(c: C):
             idx = (table[b].long()[pos // c.page], pos % c.page)
             k_cache[idx] = rnd(pos.numel(), c.hkv, c.d)
             v_cache[idx] = rnd(pos.numel(), c.hkv, c.dv)
+        for b in range(c.batch):  # pages past a sequence's end are never read: -1 there
+            table[b, -(-int(lengths[b]) // c.page):] = -1
     kw["k_cache"], kw["v_cache"] = k_cache, v_cache
     if c.snew:
         kw["k"], kw["v"] = rnd(c.batch, c.snew, c.hkv, c.d), rnd(c.batch, c.snew, c.hkv, c.dv)
