@@ -191,12 +191,11 @@ def test_kvcache_empty_cache_is_a_named_error():
         flashtile.flash_attn_with_kvcache(q, torch.randn(2, 0, 2, 16), torch.randn(2, 0, 2, 8), cache_seqlens=0)
 
 
-@pytest.mark.xfail(strict=True, reason="kvcache.py does not range-check block_table / cache_batch_idx contents yet "
-                   "(negative entries wrap silently, large ones raise IndexError from torch indexing; on CUDA "
-                   "they would read outside the cache)")
 @pytest.mark.parametrize("what", ["block_table=-1", "block_table=num_blocks", "cache_batch_idx=-1", "cache_batch_idx=batch_cache"])
 def test_kvcache_out_of_range_indices_are_named_errors(what):
-    """Found by tests/test_fuzz.py::test_kvcache_any_lengths_give_an_answer_or_a_named_error."""
+    """Found by tests/test_fuzz.py::test_kvcache_any_lengths_give_an_answer_or_a_named_error
+    (negative entries wrapped silently, large ones raised IndexError; on CUDA they would have
+    read outside the cache); kvcache.py range-checks the used entries now."""
     q = torch.randn(1, 1, 4, 8)
     if what.startswith("block_table"):
         k_cache, v_cache = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8)

@@ -898,13 +898,13 @@ def test_kvcache_any_lengths_give_an_answer_or_a_named_error(data):
     k_cache, v_cache = torch.randn(rows, cap, 2, 8), torch.randn(rows, cap, 2, 8)
     kw = dict(cache_seqlens=draw(st.one_of(ints, st.just(None), st.builds(lambda: vec(b)))), causal=draw(st.booleans()),
               cache_leftpad=draw(st.one_of(st.none(), st.builds(lambda: vec(b)))), return_lse=True)
-    # Page and row indices stay in range here: out-of-range ones are not validated yet
-    # (tests/test_degenerate.py::test_kvcache_out_of_range_indices_are_named_errors, xfail).
+    # Page and row indices out of range too (-2 .. rows + 1): kvcache.py range-checks the
+    # entries it uses (tests/test_degenerate.py::test_kvcache_out_of_range_indices_are_named_errors).
     if paged and rows:
-        pages = st.lists(st.lists(st.integers(0, rows - 1), min_size=2, max_size=2), min_size=b, max_size=b)
+        pages = st.lists(st.lists(st.integers(-2, rows + 1), min_size=2, max_size=2), min_size=b, max_size=b)
         kw["block_table"] = torch.tensor(draw(pages), dtype=torch.int32).reshape(b, 2)
     elif not paged and rows and draw(st.booleans()):
-        kw["cache_batch_idx"] = torch.tensor(draw(st.lists(st.integers(0, rows - 1), min_size=b, max_size=b)), dtype=torch.int32)
+        kw["cache_batch_idx"] = torch.tensor(draw(st.lists(st.integers(-2, rows + 1), min_size=b, max_size=b)), dtype=torch.int32)
     if snew:
         kw.update(k=torch.randn(b, snew, 2, 8), v=torch.randn(b, snew, 2, 8))
     note((b, sq, snew, cap, rows, kw))
