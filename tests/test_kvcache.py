@@ -416,6 +416,7 @@ def test_build_decode(d, dv, dtype, sinks, softcap):
     assert ("tanh" in src) == softcap
     if d == dv:
         assert "cp_async" in src, "K/V tiles should stream through cp.async"
+        assert "cp_async_gs_conditional<4>" not in src and "<16>" in src, "K/V copies should be 16-byte vectors"
     assert "__launch_bounds__(" in combine.get_kernel_source()
 
 

@@ -31,9 +31,12 @@ built to keep HBM busy, not the tensor cores:
 
 Static structure (one compile each): dtype, head dims, sinks on/off, softcap on/off, tiles.
 Batch, heads, GQA ratio, query tokens, cache sizes, page size, lengths and splits are runtime.
-K/V addresses are 64-bit (caches of more than 2^31 elements are the normal case here); the
-scalars of the key range are ``T.alloc_var`` registers, which keeps TileLang's simplifier (Z3)
-from spending minutes on their nested min/max/div.
+TileLang computes global addresses of dynamically shaped buffers in 64 bits, so caches of 2^31
+or more elements index correctly as written (an explicit int64 cast in the copy loop would make
+TileLang 0.1.15's vectorize planner fall back to 4-byte copies: a loop with two stores takes
+the GCD of every node's width, and an int32 -> int64 cast counts 2 lanes).  The scalars of
+the key range are ``T.alloc_var`` registers, which keeps TileLang's simplifier (Z3) from
+spending minutes on their nested min/max/div.
 """
 
 
@@ -85,6 +88,17 @@ def decode_kernel(
     B, Sq, H, Hkv, NP, PS, MB, P = T.dynamic("B, Sq, H, Hkv, NP, PS, MB, P")
     acc = T.float32
     block_m = BLOCK_M
+    kv_width = max(dim, dim_v)
+    # The K/V copy loop's thread map: each thread copies 8 consecutive features (16 bytes) of
+    # a key row per step.  Without it, layout inference for a loop writing both k_s and v_s
+    # (two different swizzles) settles on 4-byte copies.
+    kv_layout = T.Fragment(
+        [block_n, kv_width],
+        forward_fn=lambda i, c: (
+            ((i * kv_width + c) // 8) % threads,
+            ((i * kv_width + c) // 8) // threads * 8 + c % 8,
+        ),
+    )
     neg_inf = -T.infinity(acc)
 
     @T.prim_func
@@ -152,9 +166,9 @@ def decode_kernel(
                 n0 = (kb_first + it) * block_n
                 # K and V rows in one loop: one cp.async group per step (two groups trip a
                 # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
-                for i, c in T.Parallel(block_n, max(dim, dim_v)):
+                for i, c in T.Parallel(block_n, kv_width, loop_layout=kv_layout):
                     j = T.min(T.max(n0 + i, lp), seqlen_k - 1)  # a key of this entry, see above
-                    page = T.cast(BlockTable[b, j // PS], "int64")
+                    page = BlockTable[b, j // PS]
                     if dim >= dim_v:
                         k_s[i, c] = K[page, j % PS, hk, c]
                         if dim_v == dim or c < dim_v:
