@@ -252,3 +252,32 @@ def test_torch_compile_cuda():
     ref = flash_attn_with_kvcache(q, causal=True, **ref_kw)
     assert _err(out, ref) == 0.0
     assert torch.equal(kw["k_cache"].nan_to_num(7.0), ref_kw["k_cache"].nan_to_num(7.0))
+
+
+def test_cache_over_2_31_elements():
+    """A paged cache of more than 2^31 elements (64-bit addresses), the sequences in its last
+    pages; compared with the reference on the same keys in a small contiguous cache."""
+    page, hkv, d, h, b, L, sq = 16, 8, 128, 32, 2, 300, 2
+    n_pages = 2**31 // (page * hkv * d) + 64
+    dev = "cuda"
+    k_cache = torch.empty(n_pages, page, hkv, d, dtype=BF16, device=dev)
+    v_cache = torch.empty(n_pages, page, hkv, d, dtype=BF16, device=dev)
+    nb = -(-L // page)
+    table = (n_pages - 1 - torch.arange(b * nb, device=dev)).reshape(b, nb).to(torch.int32)  # the last pages
+    kc_small = torch.randn(b, L, hkv, d, dtype=BF16, device=dev)
+    vc_small = torch.randn(b, L, hkv, d, dtype=BF16, device=dev)
+    pos = torch.arange(L, device=dev)
+    for i in range(b):
+        idx = (table[i].long()[pos // page], pos % page)
+        k_cache[idx], v_cache[idx] = kc_small[i], vc_small[i]
+    q = torch.randn(b, sq, h, d, dtype=BF16, device=dev)
+    seqlens = torch.full((b,), L, dtype=torch.int32, device=dev)
+    for splits in (1, 5):
+        with debug.poison():
+            out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                               causal=True, num_splits=splits, return_lse=True)
+        o32, l32 = flash_attn_with_kvcache(q.cpu().float(), kc_small.cpu().float(), vc_small.cpu().float(),
+                                           cache_seqlens=seqlens.cpu(), causal=True, return_lse=True)
+        olp, _ = flash_attn_with_kvcache(q.cpu(), kc_small.cpu(), vc_small.cpu(), cache_seqlens=seqlens.cpu(), causal=True, return_lse=True)
+        assert _err(out, o32) <= 2 * _err(olp, o32) + 1e-5 * max(1.0, o32.abs().max().item())
+        assert _err(lse, l32) <= 1e-5 * max(1.0, l32.abs().max().item()) + 1e-4
