@@ -381,15 +381,19 @@ def test_exported_name():
 
 
 def test_split_heuristic():
-    from flashtile.kernels.decode import choose_splits
+    import math
+
+    from flashtile.kernels.decode import MAX_SPLITS, choose_splits
 
     assert choose_splits(64 * 8, 1000, 132) == 1  # enough CTAs already
-    s = choose_splits(8, 1000, 132)  # batch 1, 8 kv heads, long cache
-    assert 8 * s >= 132 and s <= 128
     assert choose_splits(8, 2, 132) == 1  # nothing to split
     for ctas in range(1, 140):
-        s = choose_splits(ctas, 512, 132)
-        assert 1 <= s <= 128 and (ctas * s >= 132 or s >= 100)  # fill the GPU, or as many as allowed
+        for n_blocks in (3, 16, 512, 4096):
+            s = choose_splits(ctas, n_blocks, 132)
+            assert 1 <= s <= min(MAX_SPLITS, max(1, n_blocks // 2))
+            if ctas < 0.8 * 132 and n_blocks >= 512:  # room to split: most SMs busy in every wave
+                waves = ctas * s / 132
+                assert waves / math.ceil(waves) >= 0.8, (ctas, n_blocks, s)
 
 
 # --- kernel builds (nvcc, no GPU) -----------------------------------------------------------

@@ -274,17 +274,17 @@ def choose_splits(ctas: int, n_blocks: int, num_sms: int) -> int:
 
     ``ctas`` = CTAs without splitting (batch x kv heads x row tiles); ``n_blocks`` = key blocks
     of the longest sequence the cache can hold (a host-side bound, so no sync).  Enough CTAs
-    already: 1.  Otherwise the fewest splits whose last wave is at least 85% as full as the
-    best choice's, with at least two key blocks per split.
+    for 80% of the SMs already: 1.  Otherwise flash-attn's rule: the fewest splits whose wave
+    efficiency (CTAs / (waves x SMs)) is at least 85% of the best, at most ``MAX_SPLITS`` and
+    at least two key blocks per split.  (One decode CTA per SM at the default tiles: its
+    shared memory is 144 KB.)
     """
-    if ctas >= num_sms or n_blocks <= 2:
+    if ctas >= 0.8 * num_sms or n_blocks <= 2:
         return 1
-    limit = max(1, min(MAX_SPLITS, n_blocks // 2, -(-2 * num_sms // ctas)))
+    limit = max(1, min(MAX_SPLITS, n_blocks // 2))
     eff = {s: (ctas * s / num_sms) / math.ceil(ctas * s / num_sms) for s in range(1, limit + 1)}
-    # Prefer at least one full wave: splits that fill every SM first.
-    full = [s for s in eff if ctas * s >= num_sms] or list(eff)
-    best = max(eff[s] for s in full)
-    return min(s for s in full if eff[s] >= 0.85 * best)
+    best = max(eff.values())
+    return min(s for s in eff if eff[s] >= 0.85 * best)
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool):
