@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call for KV-cache decoding (flash_attn_with_kvcache): precompile the decode/combine
+# kernels the GPU suite uses (4 processes sharing TileLang's disk cache), run
+# tests/test_gpu_kvcache.py, then benchmarks/decode_bench.py.  Logs under $1 (default
+# $OUT/decode).  BENCH_FLAGS (default "--tiles 64x2") go to the benchmark.
+#
+#   bash benchmarks/decode_session.sh "$OUT/decode"
+set -uo pipefail
+out=${1:-${OUT:-device-out}/decode}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
+t0=$(date +%s)
+cat > "$out/build.py" <<'PY'
+import sys
+sys.path.insert(0, ".")
+import tests.test_gpu_kvcache as t
+from flashtile.kernels.decode import get_decode_kernels
+me, n = int(sys.argv[1]), int(sys.argv[2])
+structs = sorted({(str(c.dtype).split(".")[-1], c.d, c.dv, c.sinks, c.softcap > 0) for c in t.GRID})
+for i, (dt, d, dv, sinks, cap) in enumerate(structs):
+    if i % n == me:
+        get_decode_kernels(d, dv, dt, sinks, cap)
+        print("built", dt, d, dv, sinks, cap, flush=True)
+PY
+for w in 0 1 2 3; do timeout "${PRECOMPILE_S:-150}" python3 "$out/build.py" $w 4 > "$out/precompile$w.log" 2>&1 & done
+wait
+echo "precompile: $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
+t0=$(date +%s)
+timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kvcache.py > "$out/gpu_kvcache.log" 2>&1
+echo "kvcache gpu tests: $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/gpu_kvcache.log")" | tee -a "$out/summary.txt"
+grep -E "^(FAILED|ERROR)" "$out/gpu_kvcache.log" | head -30
+t0=$(date +%s)
+timeout "${BENCH_S:-300}" python3 benchmarks/decode_bench.py --out "$out" ${BENCH_FLAGS:---tiles 64x2} > "$out/decode_bench.log" 2>&1
+rc=$?
+echo "decode bench: $(( $(date +%s) - t0 ))s (rc $rc)" | tee -a "$out/summary.txt"
+cat "$out/decode_bench.log" | tail -70
+cat "$out/summary.txt"
