@@ -2,7 +2,8 @@
 # One device call for KV-cache decoding (flash_attn_with_kvcache): precompile the decode/combine
 # kernels the GPU suite uses (4 processes sharing TileLang's disk cache), run
 # tests/test_gpu_kvcache.py, then benchmarks/decode_bench.py.  Logs under $1 (default
-# $OUT/decode).  BENCH_FLAGS (default "--tiles 64x2") go to the benchmark.
+# $OUT/decode).  BENCH_FLAGS (default "--tiles 64x2") go to the benchmark.  Time limits
+# (PRECOMPILE_S 100, TESTS_S 180, BENCH_S 290) keep the whole call under 10 minutes.
 #
 #   bash benchmarks/decode_session.sh "$OUT/decode"
 set -uo pipefail
@@ -22,15 +23,15 @@ for i, (dt, d, dv, sinks, cap) in enumerate(structs):
         get_decode_kernels(d, dv, dt, sinks, cap)
         print("built", dt, d, dv, sinks, cap, flush=True)
 PY
-for w in 0 1 2 3; do timeout "${PRECOMPILE_S:-150}" python3 "$out/build.py" $w 4 > "$out/precompile$w.log" 2>&1 & done
+for w in 0 1 2 3; do timeout "${PRECOMPILE_S:-100}" python3 "$out/build.py" $w 4 > "$out/precompile$w.log" 2>&1 & done
 wait
 echo "precompile: $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
 t0=$(date +%s)
-timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kvcache.py > "$out/gpu_kvcache.log" 2>&1
+timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kvcache.py > "$out/gpu_kvcache.log" 2>&1
 echo "kvcache gpu tests: $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/gpu_kvcache.log")" | tee -a "$out/summary.txt"
 grep -E "^(FAILED|ERROR)" "$out/gpu_kvcache.log" | head -30
 t0=$(date +%s)
-timeout "${BENCH_S:-300}" python3 benchmarks/decode_bench.py --out "$out" ${BENCH_FLAGS:---tiles 64x2} > "$out/decode_bench.log" 2>&1
+timeout "${BENCH_S:-290}" python3 benchmarks/decode_bench.py --out "$out" ${BENCH_FLAGS:---tiles 64x2} > "$out/decode_bench.log" 2>&1
 rc=$?
 echo "decode bench: $(( $(date +%s) - t0 ))s (rc $rc)" | tee -a "$out/summary.txt"
 cat "$out/decode_bench.log" | tail -70
