@@ -80,6 +80,30 @@ def reference_entry0(q, kc, vc, L, sq):
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v0)
 
 
+def write(out_dir, rows, props, bw):
+    """decode.json and decode.md under out_dir (rewritten after every case, so a timeout keeps what ran)."""
+    import flashtile
+
+    meta = dict(device=props.name, sms=props.multi_processor_count, read_bw_gbs=bw / 1e9, torch=torch.__version__,
+                flashtile=flashtile.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"),
+                cudnn=torch.backends.cudnn.version(), heads=H, heads_kv=HKV, headdim=D, dtype="bfloat16")
+    with open(os.path.join(out_dir, "decode.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(out_dir, "decode.md"), "w") as f:
+        f.write(f"# decode, {props.name}, read bandwidth {bw / 1e9:.0f} GB/s (x.sum over 2 GiB)\n\n")
+        f.write("bf16, 32 q heads, 8 kv heads, d=128, causal; times in us (do_bench median); % = of measured read bandwidth\n\n")
+        f.write("| B | cache len | sq | layout | K+V MB | flashtile us | GB/s | % bw | +append us | cuDNN us | % bw | flash us | % bw | flash-attn us | max err |\n")
+        f.write("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+        for r in rows:
+            io = r["flashtile_gbs"] * 1e9 * r["flashtile_s"]
+            c = lambda s: f"{s * 1e6:.1f}" if s else "-"  # noqa: E731
+            p = lambda s: f"{100 * io / s / bw:.1f}" if s else "-"  # noqa: E731
+            f.write(f"| {r['batch']} | {r['seqlen_cache']} | {r['seqlen_q']} | {r['layout']} | {r['cache_mb']:.0f} | "
+                    f"{r['flashtile_s'] * 1e6:.1f} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
+                    f"{r['flashtile_append_s'] * 1e6:.1f} | {c(r['cudnn_s'])} | {p(r['cudnn_s'])} | {c(r['flash_s'])} | "
+                    f"{p(r['flash_s'])} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="decode-bench")
@@ -187,27 +211,11 @@ def main(argv=None):
                           f"{100 * io_bytes / t / bw:5.1f} {ta * 1e6:10.1f} | {fmt(row['cudnn_s'])} {pct(row['cudnn_s'])} "
                           f"{fmt(row['flash_s'])} {pct(row['flash_s'])} {fmt(fa_t)[1:]} | {err:.1e}{' WRONG' if err > 2e-2 else ''}",
                           flush=True)
+                    write(args.out, rows, props, bw)
                     for name, r in sweep.items():
                         print(f"{'':>33}tiles {name}: {r['s'] * 1e6:9.1f} us {100 * io_bytes / r['s'] / bw:5.1f} %bw (diff {r['diff_vs_default']:.1e})", flush=True)
             del kc, vc
-    meta = dict(device=props.name, sms=props.multi_processor_count, read_bw_gbs=bw / 1e9, torch=torch.__version__,
-                flashtile=flashtile.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"),
-                cudnn=torch.backends.cudnn.version(), heads=H, heads_kv=HKV, headdim=D, dtype="bfloat16")
-    with open(os.path.join(args.out, "decode.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "decode.md"), "w") as f:
-        f.write(f"# decode, {props.name}, read bandwidth {bw / 1e9:.0f} GB/s (x.sum over 2 GiB)\n\n")
-        f.write("bf16, 32 q heads, 8 kv heads, d=128, causal; times in us (do_bench median); % = of measured read bandwidth\n\n")
-        f.write("| B | cache len | sq | layout | K+V MB | flashtile us | GB/s | % bw | +append us | cuDNN us | % bw | flash us | % bw | flash-attn us | max err |\n")
-        f.write("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-        for r in rows:
-            io = r["flashtile_gbs"] * 1e9 * r["flashtile_s"]
-            c = lambda s: f"{s * 1e6:.1f}" if s else "-"  # noqa: E731
-            p = lambda s: f"{100 * io / s / bw:.1f}" if s else "-"  # noqa: E731
-            f.write(f"| {r['batch']} | {r['seqlen_cache']} | {r['seqlen_q']} | {r['layout']} | {r['cache_mb']:.0f} | "
-                    f"{r['flashtile_s'] * 1e6:.1f} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
-                    f"{r['flashtile_append_s'] * 1e6:.1f} | {c(r['cudnn_s'])} | {p(r['cudnn_s'])} | {c(r['flash_s'])} | "
-                    f"{p(r['flash_s'])} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
+    write(args.out, rows, props, bw)
     print(f"wrote {args.out}/decode.json and decode.md")
     return 1 if any(r["wrong"] for r in rows) else 0
 
