@@ -430,3 +430,26 @@ def test_unused_block_table_entries_may_hold_anything(gen):
     ref = flash_attn_with_kvcache(q, **clone_kw(kw))
     kw["block_table"][:, 3:] = -1  # positions >= 12 are unused (lengths 6 and 10 after the append)
     assert torch.equal(flash_attn_with_kvcache(q, **kw), ref)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_decode_kernel_does_not_spill(tmp_path):
+    """ptxas report of the default d=128 decode kernel: no register spills (233 registers when
+    written; 128 threads, so registers do not limit the one CTA per SM that shared memory allows)."""
+    import os
+    import subprocess
+
+    import tilelang
+
+    from flashtile.kernels.decode import get_decode_kernels
+
+    decode, _ = get_decode_kernels(128, 128, "bfloat16", False, False)
+    tl = os.path.dirname(tilelang.__file__)
+    cu = tmp_path / "k.cu"
+    cu.write_text(decode.get_kernel_source())
+    res = subprocess.run(["nvcc", "--cubin", "-O3", "-arch=sm_90a", "-std=c++17", "--use_fast_math", f"-I{tl}/src",
+                          f"-I{tl}/3rdparty/cutlass/include", "-Xptxas", "-v", str(cu), "-o", str(tmp_path / "k.cubin")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert " 0 bytes spill stores" in res.stderr, res.stderr
