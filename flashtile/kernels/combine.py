@@ -22,10 +22,12 @@ BLOCK_R = 4  # query rows per CTA
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
-def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK_R, threads: int = 128):
+def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK_R, threads: int = 128,
+                   max_splits: int = 128):
     """Kernel arguments: Opart (P, dim_v) and LSEpart (P,) fp32, flat index
     ``((split * B + b) * Sq + t) * H + h`` (``P >= num_splits * B * Sq * H``); O (B, Sq, H,
-    dim_v) out; LSE (B, H, Sq) fp32 out; Sinks (H,) fp32 (read only with sinks); num_splits."""
+    dim_v) out; LSE (B, H, Sq) fp32 out; Sinks (H,) fp32 (read only with sinks); num_splits
+    (at most ``max_splits``, ``decode.MAX_SPLITS``)."""
     B, Sq, H, P = T.dynamic("B, Sq, H, P")
     acc = T.float32
     neg_inf = -T.infinity(acc)
@@ -41,6 +43,8 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK
     ):
         with T.Kernel(T.ceildiv(B * Sq * H, block_r), threads=threads) as bx:
             R = B * Sq * H
+            lse_all = T.alloc_fragment([block_r, max_splits], acc)
+            w_s = T.alloc_shared([block_r, max_splits], acc)
             m = T.alloc_fragment([block_r], acc)
             w = T.alloc_fragment([block_r], acc)
             l = T.alloc_fragment([block_r], acc)
@@ -48,22 +52,24 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK
             o = T.alloc_fragment([block_r, dim_v], acc)
             r0 = bx * block_r
 
-            T.fill(m, neg_inf)
-            for s in T.serial(num_splits):
-                for i in T.Parallel(block_r):
-                    m[i] = T.max(m[i], T.if_then_else(r0 + i < R, LSEpart[s * R + T.min(r0 + i, R - 1)], neg_inf))
+            # Every split's lse at once (no serial chain of dependent loads), then max and sum.
+            for i, s in T.Parallel(block_r, max_splits):
+                lse_all[i, s] = T.if_then_else(
+                    T.And(s < num_splits, r0 + i < R), LSEpart[s * R + T.min(r0 + i, R - 1)], neg_inf
+                )
+            T.reduce_max(lse_all, m, dim=1)
             for i in T.Parallel(block_r):
                 if has_sinks:
                     m[i] = T.max(m[i], Sinks[T.min(r0 + i, R - 1) % H])
                 m[i] = T.if_then_else(m[i] == neg_inf, 0, m[i])
-            T.clear(l)
+            for i, s in T.Parallel(block_r, max_splits):
+                lse_all[i, s] = T.exp2((lse_all[i, s] - m[i]) * LOG2E)  # -inf (empty split / past num_splits) -> 0
+            T.reduce_sum(lse_all, l, dim=1)
+            T.copy(lse_all, w_s)
             T.clear(o)
             for s in T.serial(num_splits):
-                for i in T.Parallel(block_r):
-                    w[i] = T.exp2((LSEpart[s * R + T.min(r0 + i, R - 1)] - m[i]) * LOG2E)
-                    l[i] += w[i]
                 for i, c in T.Parallel(block_r, dim_v):
-                    o[i, c] += w[i] * Opart[s * R + T.min(r0 + i, R - 1), c]
+                    o[i, c] += w_s[i, s] * Opart[s * R + T.min(r0 + i, R - 1), c]
             for i in T.Parallel(block_r):
                 if has_sinks:
                     l[i] += T.exp2((Sinks[T.min(r0 + i, R - 1) % H] - m[i]) * LOG2E)
