@@ -22,7 +22,7 @@ built to keep HBM busy, not the tensor cores:
   ``wait_group`` that fails in codegen).  With ``dim != dim_v`` (e.g. 192/128) that loop
   needs a guard on the shorter tile, which TileLang does not turn into cp.async: those head
   dims load synchronously (correct, slower);
-- online softmax in exp2 with fp32 statistics; the mask is ``key_visible`` (masks.py's rule) per query token
+- online softmax in exp2 with fp32 statistics; the mask is masks.py's (``TileMask`` with the cache's left padding as ``key_lo``) per query token
   (bottom-right causal on the entry's own length, window) plus ``j >= leftpad``; only blocks
   at a boundary pay for the elementwise select;
 - ``num_splits == 1``: the epilogue folds in the sink and writes the output and lse directly.
@@ -45,23 +45,14 @@ import math
 import tilelang
 import tilelang.language as T
 
-from .target import PASS_CONFIGS, TARGET
-from .masks import host_window
+from .masks import TileMask, block_fully_visible, host_window, visible
+from .seqinfo import Sequence
 from .softmax import LN2, LOG2E
+from .target import PASS_CONFIGS, TARGET
 
 DECODE_PASS_CONFIGS = PASS_CONFIGS
 FULL_ROW = T.GemmWarpPolicy.FullRow
 BLOCK_M = 64  # query rows (group heads x tokens) per CTA: one warpgroup's WGMMA M
-
-
-def key_visible(t, j, off, seqlen_k, leftpad, left, right):
-    """Key ``j`` (cache position) is visible to query token ``t``: the rule of ``masks.py``
-    (``t + off - left <= j <= t + off + right``, ``j < seqlen_k``, ``off = seqlen_k - seqlen_q``)
-    plus the entry's left padding (``j >= leftpad``)."""
-    return T.And(
-        T.And(T.And(j < seqlen_k, j >= leftpad), j <= t + off + right),
-        j >= t + off - left,
-    )
 
 
 @tilelang.jit(target=TARGET, pass_configs=DECODE_PASS_CONFIGS)
@@ -154,6 +145,8 @@ def decode_kernel(
             per_split = T.alloc_var(T.int32, T.ceildiv(n_blocks, num_splits))
             kb_first = T.alloc_var(T.int32, kb_lo + split * per_split)
             my_blocks = T.alloc_var(T.int32, T.max(T.min(per_split, n_blocks - split * per_split), 0))
+            # The entry as masks.py sees it: Sq query tokens, keys [lp, seqlen_k).
+            mask = TileMask(Sequence(False, b, Sq, seqlen_k, key_lo=lp, off=off), left, right)
 
             for i, c in T.Parallel(block_m, dim):
                 r = r0 + i
@@ -181,17 +174,10 @@ def decode_kernel(
                 if has_softcap:
                     for i, j in T.Parallel(block_m, block_n):
                         s[i, j] = T.tanh(s[i, j] * cap_in)
-                interior = T.And(
-                    T.And(n0 >= lp, n0 + block_n <= seqlen_k),
-                    T.And(n0 + block_n - 1 <= t_first + off + right, n0 >= t_last + off - left),
-                )
-                if not interior:
+                # masks.py's rule per query token (row // group), plus the left padding.
+                if not block_fully_visible(t_last, n0, n0 + block_n - 1, t_first, mask):
                     for i, j in T.Parallel(block_m, block_n):
-                        s[i, j] = T.if_then_else(
-                            key_visible((r0 + i) // group, n0 + j, off, seqlen_k, lp, left, right),
-                            s[i, j],
-                            neg_inf,
-                        )
+                        s[i, j] = T.if_then_else(visible((r0 + i) // group, n0 + j, mask), s[i, j], neg_inf)
                 T.copy(m, m_prev)
                 T.reduce_max(s, m, dim=1, clear=False)
                 for i in T.Parallel(block_m):

@@ -2,7 +2,7 @@
 
 One mask covers every kind: with ``off = len_k - len_q`` of the tile's sequence
 (``seqinfo.Sequence``), row i sees key j when ``i + off - left <= j <= i + off + right`` and
-``j < len_k``.  The host passes ``UNBOUNDED`` for a side the user left at -1 and ``right = 0``
+``j < len_k`` (and ``j >= key_lo`` where a KV cache has left padding).  The host passes ``UNBOUNDED`` for a side the user left at -1 and ``right = 0``
 for causal, so full, causal, sliding-window and causal+window attention are the same kernel
 with different runtime numbers.  In a packed (varlen) batch rows past ``len_q`` hold the next
 sequence's queries, so there the row is checked too (``Sequence.rows_checked``).
@@ -34,6 +34,8 @@ def visible(row, col, mask):
     """Key ``col`` is visible to query ``row`` (indices within the tile's sequence)."""
     seq, left, right = mask.seq, mask.left, mask.right
     seen = T.And(T.And(col < seq.len_k, col <= row + seq.off + right), col >= row + seq.off - left)
+    if seq.key_lo is not None:
+        seen = T.And(seen, col >= seq.key_lo)
     return T.And(seen, row < seq.len_q) if seq.rows_checked else seen
 
 
@@ -44,7 +46,8 @@ def block_fully_visible(last_row, col_lo, col_hi, m0, mask):
     """
     seq, left, right = mask.seq, mask.left, mask.right
     off = seq.off
-    return T.And(T.And(col_hi < seq.len_k, col_hi <= m0 + off + right), col_lo >= last_row + off - left)
+    inside = T.And(T.And(col_hi < seq.len_k, col_hi <= m0 + off + right), col_lo >= last_row + off - left)
+    return inside if seq.key_lo is None else T.And(inside, col_lo >= seq.key_lo)
 
 
 def key_block_range(m0, block_m, block_n, mask):

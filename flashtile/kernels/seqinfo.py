@@ -32,7 +32,7 @@ class Sequence:
     sequence's data (they must then be masked explicitly, ``rows_checked``).
     """
 
-    def __init__(self, varlen: bool, b, len_q, len_k, q0=0, k0=0, s0=None):
+    def __init__(self, varlen: bool, b, len_q, len_k, q0=0, k0=0, s0=None, key_lo=None, off=None):
         self.varlen = varlen
         self.b = 0 if varlen else b  # index into dim 0 of the tensors
         self.batch = b  # the batch entry (sinks, scheduling)
@@ -42,8 +42,10 @@ class Sequence:
         # loads them with the row as the innermost dimension, whose start must be 16-byte
         # aligned, so a packed batch gives every sequence a 4-aligned start there.
         self.s0 = q0 if s0 is None else s0
-        self.off = len_k - len_q
+        self.off = len_k - len_q if off is None else off  # a caller may hold it in a register
         self.rows_checked = varlen
+        # First visible key (a KV cache's left padding), or None: every key from 0.
+        self.key_lo = key_lo
 
     # Tile regions (TMA / T.copy sources and destinations).
     def q_rows(self, X, m0, rows, h):
