@@ -128,18 +128,27 @@ _OPTIONS = (
     ("v_descale", "Tensor?", None),
     ("out_dtype", "ScalarType?", None),
 )
-# The FP8 options default to None, so callers that predate them (positional Options) still work.
-Options = namedtuple("Options", [o[0] for o in _OPTIONS], defaults=[o[2] for o in _OPTIONS if len(o) > 2])
+
+
+def options_type(options) -> type:
+    """The namedtuple of an options list (``_OPTIONS`` here, ``varlen._OPTIONS``); options with a
+    default (the FP8 ones: None) may be left out, so callers that predate them still work."""
+    return namedtuple("Options", [o[0] for o in options], defaults=[o[2] for o in options if len(o) > 2])
+
+
+def options_schema(options, data: str, returns: str) -> str:
+    """The custom-op schema ``(<data>, <options>) -> <returns>``; an option with a default gets
+    ``=<default>`` (Python None -> None)."""
+    listed = ", ".join(f"{o[1]} {o[0]}" + (f"={o[2]}" if len(o) > 2 else "") for o in options)
+    return f"({data}, {listed}) -> {returns}"
+
+
+Options = options_type(_OPTIONS)
 _N_OPTIONS = len(_OPTIONS)
 
 
-def _option_schema(name: str, kind: str, *default) -> str:
-    """``"<kind> <name>"``, with ``=<default>`` for an option that has one (Python None -> None)."""
-    return f"{kind} {name}" + (f"={default[0]}" if default else "")
-
-
 def _schema(data: str, returns: str) -> str:
-    return f"({data}, {', '.join(_option_schema(*o) for o in _OPTIONS)}) -> {returns}"
+    return options_schema(_OPTIONS, data, returns)
 
 
 _FWD_DATA = "Tensor q, Tensor k, Tensor v"

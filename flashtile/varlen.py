@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import namedtuple
 from typing import Optional
 
 import torch
@@ -244,8 +243,9 @@ def check_seqlens(total_q, total_k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 # --- custom ops ---------------------------------------------------------------------------------
 
-# The ops' non-data arguments, in schema order: the one place they are listed.  Entries are
-# (name, schema type) or (name, schema type, default), defaulted ones last (as in ``ops.py``).
+# The ops' non-data arguments, in schema order: the one place they are listed.  The sequence
+# description first, then the dense ops' options (``ops._OPTIONS``: sinks, scale, window,
+# softcap, deterministic, and the defaulted FP8 ones).
 _OPTIONS = (
     ("cu_seqlens_q", "Tensor"),
     ("cu_seqlens_k", "Tensor"),
@@ -253,31 +253,14 @@ _OPTIONS = (
     ("seqused_k", "Tensor?"),
     ("max_seqlen_q", "SymInt"),
     ("max_seqlen_k", "SymInt"),
-    ("sinks", "Tensor?"),
-    ("softmax_scale", "float"),
-    ("window_left", "int"),
-    ("window_right", "int"),
-    ("softcap", "float"),
-    ("deterministic", "bool"),
-    # FP8 (forward only): float32 (batch, nheads_kv) descales and out's dtype; None otherwise.
-    ("q_descale", "Tensor?", None),
-    ("k_descale", "Tensor?", None),
-    ("v_descale", "Tensor?", None),
-    ("out_dtype", "ScalarType?", None),
-)
-# The FP8 options default to None: positional Options built before them still work.
-Options = namedtuple("Options", [o[0] for o in _OPTIONS], defaults=[o[2] for o in _OPTIONS if len(o) > 2])
+) + ops._OPTIONS
+Options = ops.options_type(_OPTIONS)
 _TENSOR_OPTIONS = tuple(o[0] for o in _OPTIONS if o[1].startswith("Tensor"))
 _N_OPTIONS = len(_OPTIONS)
 
 
-def _option_schema(name: str, kind: str, *default) -> str:
-    """``"<kind> <name>"``, with ``=<default>`` for an option that has one (Python None -> None)."""
-    return f"{kind} {name}" + (f"={default[0]}" if default else "")
-
-
 def _schema(data: str, returns: str) -> str:
-    return f"({data}, {', '.join(_option_schema(*o) for o in _OPTIONS)}) -> {returns}"
+    return ops.options_schema(_OPTIONS, data, returns)
 
 
 torch.library.define("flashtile::varlen_fwd", _schema("Tensor q, Tensor k, Tensor v", "(Tensor, Tensor)"))

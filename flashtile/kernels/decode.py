@@ -45,14 +45,29 @@ import math
 import tilelang
 import tilelang.language as T
 
-from .masks import TileMask, block_fully_visible, host_window, visible
+from .masks import TileMask, host_window
 from .seqinfo import Sequence
-from .softmax import LN2, LOG2E
+from .softmax import LOG2E, online_softmax
 from .target import PASS_CONFIGS, TARGET
 
 DECODE_PASS_CONFIGS = PASS_CONFIGS
 FULL_ROW = T.GemmWarpPolicy.FullRow
 BLOCK_M = 64  # query rows (group heads x tokens) per CTA: one warpgroup's WGMMA M
+
+
+class GroupRows:
+    """A decode tile's rows as the shared online softmax sees them: tile row i is query token
+    ``(r0 + i) // group`` of head ``hk * group + (r0 + i) % group`` (GQA packing).  With
+    ``sinks`` (the (H,) tensor) it hands ``softmax.finish`` each row's sink logit."""
+
+    def __init__(self, r0, group, hk, sinks=None):
+        self.r0, self.group, self.hk, self.sinks = r0, group, hk, sinks
+
+    def query(self, i):
+        return (self.r0 + i) // self.group
+
+    def at(self, i):
+        return self.sinks[self.hk * self.group + (self.r0 + i) % self.group]
 
 
 @tilelang.jit(target=TARGET, pass_configs=DECODE_PASS_CONFIGS)
@@ -91,6 +106,8 @@ def decode_kernel(
         ),
     )
     neg_inf = -T.infinity(acc)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+    _, finish_partial = online_softmax(block_m, block_n, dim_v, False, has_softcap)  # sinks: combine.py
 
     @T.prim_func
     def main(
@@ -147,6 +164,7 @@ def decode_kernel(
             my_blocks = T.alloc_var(T.int32, T.max(T.min(per_split, n_blocks - split * per_split), 0))
             # The entry as masks.py sees it: Sq query tokens, keys [lp, seqlen_k).
             mask = TileMask(Sequence(False, b, Sq, seqlen_k, key_lo=lp, off=off), left, right)
+            tile_rows = GroupRows(r0, group, hk)
 
             for i, c in T.Parallel(block_m, dim):
                 r = r0 + i
@@ -171,58 +189,31 @@ def decode_kernel(
                         if c < dim:
                             k_s[i, c] = K[page, j % PS, hk, c]
                 T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                if has_softcap:
-                    for i, j in T.Parallel(block_m, block_n):
-                        s[i, j] = T.tanh(s[i, j] * cap_in)
-                # masks.py's rule per query token (row // group), plus the left padding.
-                if not block_fully_visible(t_last, n0, n0 + block_n - 1, t_first, mask):
-                    for i, j in T.Parallel(block_m, block_n):
-                        s[i, j] = T.if_then_else(visible((r0 + i) // group, n0 + j, mask), s[i, j], neg_inf)
-                T.copy(m, m_prev)
-                T.reduce_max(s, m, dim=1, clear=False)
-                for i in T.Parallel(block_m):
-                    m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
-                    alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
-                for i, j in T.Parallel(block_m, block_n):
-                    s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
-                T.reduce_sum(s, row_sum, dim=1)
-                for i in T.Parallel(block_m):
-                    l[i] = l[i] * alpha[i] + row_sum[i]
+                # softmax.py's online softmax; masks.py's rule per query token (row // group).
+                update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, score_scale, cap_in, tile_rows)
                 T.copy(s, p)
                 for i, c in T.Parallel(block_m, dim_v):
                     o[i, c] *= alpha[i]
                 T.gemm(p, v_s, o, policy=FULL_ROW)
 
-            # Epilogue: alpha becomes the output scale, lse the natural-log log-sum-exp.
+            # Epilogue (softmax.py's): O normalised, lse in natural log; the sink folded in
+            # here with one split, by the combine kernel otherwise.
             if num_splits == 1:
-                for i in T.Parallel(block_m):
-                    m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
-                    if has_sinks:
-                        sink2 = Sinks[hk * group + (r0 + i) % group] * LOG2E
-                        top = T.max(m_safe[i], sink2)
-                        row_sum[i] = T.exp2(m_safe[i] - top)
-                        l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top)
-                        alpha[i] = row_sum[i] / l[i]
-                        lse[i] = (T.log2(l[i]) + top) * LN2
-                    else:
-                        alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
-                        lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m_safe[i]) * LN2, neg_inf)
+                finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(r0, group, hk, Sinks), score_scale)
                 for i, c in T.Parallel(block_m, dim_v):
                     r = r0 + i
                     if r < rows:
-                        O[b, r // group, hk * group + r % group, c] = T.cast(o[i, c] * alpha[i], dtype)
+                        O[b, r // group, hk * group + r % group, c] = T.cast(o[i, c], dtype)
                 for i in T.Parallel(block_m):
                     r = r0 + i
                     if r < rows:
                         LSE[b, hk * group + r % group, r // group] = lse[i]
             else:
-                for i in T.Parallel(block_m):
-                    alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
-                    lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m[i] * score_scale) * LN2, neg_inf)
+                finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, score_scale)
                 for i, c in T.Parallel(block_m, dim_v):
                     r = r0 + i
                     if r < rows:
-                        Opart[((split * B + b) * Sq + r // group) * H + hk * group + r % group, c] = o[i, c] * alpha[i]
+                        Opart[((split * B + b) * Sq + r // group) * H + hk * group + r % group, c] = o[i, c]
                 for i in T.Parallel(block_m):
                     r = r0 + i
                     if r < rows:

@@ -32,24 +32,27 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
     """(update, finish) macros for one tile shape.
 
     ``update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale,
-    cap_in)``: scores of key block ``n0`` in ``s`` -> exp2 weights in ``s`` (the caller casts
-    them to P); masks (``masks.TileMask``) only when the block is not fully visible.
+    cap_in, rows=None)``: scores of key block ``n0`` in ``s`` -> exp2 weights in ``s`` (the
+    caller casts them to P); masks (``masks.TileMask``) only when the block is not fully
+    visible.  Tile row i is query row ``m0 + i`` (``m0`` .. ``last_row``), or ``rows.query(i)``
+    where a tile packs several heads' rows (decode; ``m0`` / ``last_row`` then bound the
+    tile's query rows).
 
     ``finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)``: folds in the sink
-    logit (natural-log units, read only with sinks), normalises ``o`` and writes the natural-log
+    logit (natural-log units, read only with sinks; an object with ``at(i)`` gives one per row), normalises ``o`` and writes the natural-log
     log-sum-exp into ``lse`` (-inf for a row that saw no key and has no sink).
     """
     acc = T.float32
     neg_inf = -T.infinity(acc)
 
     @T.macro
-    def update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in):
+    def update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in, rows=None):
         if has_softcap:
             for i, j in T.Parallel(block_m, block_n):
                 s[i, j] = T.tanh(s[i, j] * cap_in)
         if not block_fully_visible(last_row, n0, n0 + block_n - 1, m0, mask):
             for i, j in T.Parallel(block_m, block_n):
-                s[i, j] = T.if_then_else(visible(m0 + i, n0 + j, mask), s[i, j], neg_inf)
+                s[i, j] = T.if_then_else(visible(m0 + i if rows is None else rows.query(i), n0 + j, mask), s[i, j], neg_inf)
         T.copy(m, m_prev)
         T.reduce_max(s, m, dim=1, clear=False)
         for i in T.Parallel(block_m):
@@ -68,7 +71,7 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
         for i in T.Parallel(block_m):
             m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
             if has_sinks:
-                sink2 = sink * LOG2E
+                sink2 = (sink.at(i) if hasattr(sink, "at") else sink) * LOG2E
                 top = T.max(m_safe[i], sink2)
                 row_sum[i] = T.exp2(m_safe[i] - top)
                 l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top)
