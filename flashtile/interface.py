@@ -30,46 +30,64 @@ FN = "flash_attn_func"
 QKV_LAYOUT = "(batch, seqlen, nheads, headdim)"
 
 
-def validate(q, k, v, softmax_scale, window_size, sinks, softcap, fn: str = FN, fp8=None) -> None:
-    """Refuse bad input before any work, naming the argument, the expectation and the value.
-
-    ``fp8``: None (FP8 inputs refused as an unsupported dtype), or the FP8 options
-    ``(q_descale, k_descale, v_descale, out_dtype)`` of an entry point that takes float8_e4m3fn.
-    """
+def check_qkv_types(fn: str, q, k, v, rank: int, layouts: dict, fp8) -> None:
+    """Types, ranks, dtypes and devices of q, k, v (every entry point's first checks).
+    ``layouts``: name -> the shape the message shows; ``fp8`` as in ``validate``."""
     dtypes = SUPPORTED_DTYPES if fp8 is None else SUPPORTED_DTYPES + (V.FP8_DTYPE,)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if fp8 is not None:
             V.check_fp8_dtype(fn, name, x)
-        V.check_tensor(fn, name, x, 4, QKV_LAYOUT, dtypes)
+        V.check_tensor(fn, name, x, rank, layouts[name], dtypes)
     if fp8 is not None:
         V.check_fp8_mix(fn, q, k, v)
     if not (q.dtype == k.dtype == v.dtype):
         V.fail(fn, TypeError, "q, k, v dtypes", "equal", f"{q.dtype}, {k.dtype}, {v.dtype}")
     if len({q.device, k.device, v.device}) != 1:
         V.fail(fn, ValueError, "q, k, v devices", "the same", f"{q.device}, {k.device}, {v.device}")
-    b, _, h, d = q.shape
+
+
+def check_qkv_heads(fn: str, q, k, v) -> tuple[int, int]:
+    """Head counts and head dims (the last two dims of every layout): (nheads, nheads_kv)."""
+    hd = q.dim() - 2  # the heads' dim
+    h, d, hkv = q.shape[hd], q.shape[hd + 1], k.shape[hd]
+    if v.shape[hd] != hkv:
+        V.fail(fn, ValueError, f"v.shape[{hd}] (nheads_kv)", f"k's nheads_kv {hkv}", v.shape[hd])
+    if hkv == 0:
+        V.fail(fn, ValueError, f"nheads_kv (k.shape[{hd}])", "at least 1", 0)
+    if h % hkv != 0:
+        V.fail(fn, ValueError, f"nheads (q.shape[{hd}])", f"a multiple of nheads_kv={hkv}", h)
+    if k.shape[hd + 1] != d:
+        V.fail(fn, ValueError, f"k.shape[{hd + 1}] (headdim)", f"q's headdim {d}", k.shape[hd + 1])
+    for name, dim in (("headdim", d), ("headdim_v", v.shape[hd + 1])):
+        if not 1 <= dim <= MAX_HEADDIM:
+            V.fail(fn, ValueError, name, f"between 1 and {MAX_HEADDIM}", dim)
+    return h, hkv
+
+
+def check_options(fn: str, q, k, v, softmax_scale, window_size, softcap, sinks, nheads: int, fp8, batch: int, nheads_kv: int) -> None:
+    """The attention options every entry point shares: scale, window, softcap, sinks, FP8."""
+    V.check_scale(fn, "softmax_scale", softmax_scale)
+    V.check_window(fn, window_size)
+    V.check_softcap(fn, softcap)
+    V.check_sinks(fn, sinks, nheads, q.device)
+    if fp8 is not None:
+        V.check_fp8_options(fn, q, k, v, sinks, *fp8, batch=batch, nheads_kv=nheads_kv)
+
+
+def validate(q, k, v, softmax_scale, window_size, sinks, softcap, fn: str = FN, fp8=None) -> None:
+    """Refuse bad input before any work, naming the argument, the expectation and the value.
+
+    ``fp8``: None (FP8 inputs refused as an unsupported dtype), or the FP8 options
+    ``(q_descale, k_descale, v_descale, out_dtype)`` of an entry point that takes float8_e4m3fn.
+    """
+    check_qkv_types(fn, q, k, v, 4, dict.fromkeys("qkv", QKV_LAYOUT), fp8)
+    b = q.shape[0]
     if k.shape[0] != b or v.shape[0] != b:
         V.fail(fn, ValueError, "batch size of k and v", f"q's batch {b}", f"{k.shape[0]} and {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
         V.fail(fn, ValueError, "v.shape[1] (seqlen_k)", f"k's seqlen_k {k.shape[1]}", v.shape[1])
-    hkv = k.shape[2]
-    if v.shape[2] != hkv:
-        V.fail(fn, ValueError, "v.shape[2] (nheads_kv)", f"k's nheads_kv {hkv}", v.shape[2])
-    if hkv == 0:
-        V.fail(fn, ValueError, "nheads_kv (k.shape[2])", "at least 1", 0)
-    if h % hkv != 0:
-        V.fail(fn, ValueError, "nheads (q.shape[2])", f"a multiple of nheads_kv={hkv}", h)
-    if k.shape[3] != d:
-        V.fail(fn, ValueError, "k.shape[3] (headdim)", f"q's headdim {d}", k.shape[3])
-    for name, dim in (("headdim", d), ("headdim_v", v.shape[3])):
-        if not 1 <= dim <= MAX_HEADDIM:
-            V.fail(fn, ValueError, name, f"between 1 and {MAX_HEADDIM}", dim)
-    V.check_scale(fn, "softmax_scale", softmax_scale)
-    V.check_window(fn, window_size)
-    V.check_softcap(fn, softcap)
-    V.check_sinks(fn, sinks, h, q.device)
-    if fp8 is not None:
-        V.check_fp8_options(fn, q, k, v, sinks, *fp8, batch=b, nheads_kv=hkv)
+    h, hkv = check_qkv_heads(fn, q, k, v)
+    check_options(fn, q, k, v, softmax_scale, window_size, softcap, sinks, h, fp8, b, hkv)
 
 
 def fp8_options(q, q_descale, k_descale, v_descale, out_dtype) -> tuple:

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from . import ops, reference
 from . import validation as V
-from .interface import MAX_HEADDIM, SUPPORTED_DTYPES, fp8_options, normalize_window
+from .interface import check_options, check_qkv_heads, check_qkv_types, fp8_options, normalize_window
 
 FN = "flash_attn_varlen_func"
 CHECK_SEQLENS_ENV = "FLASHTILE_CHECK_SEQLENS"
@@ -156,32 +156,10 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
              softcap, sinks, seqused_q, seqused_k, fp8=None) -> None:
     """Shape / dtype / device checks (no data reads), naming argument, expectation and value.
     ``fp8``: None (FP8 refused), or ``(q_descale, k_descale, v_descale, out_dtype)``."""
-    dtypes = SUPPORTED_DTYPES if fp8 is None else SUPPORTED_DTYPES + (V.FP8_DTYPE,)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if fp8 is not None:
-            V.check_fp8_dtype(FN, name, x)
-        V.check_tensor(FN, name, x, 3, _LAYOUTS[name], dtypes)
-    if fp8 is not None:
-        V.check_fp8_mix(FN, q, k, v)
-    if not (q.dtype == k.dtype == v.dtype):
-        _fail(TypeError, "q, k, v dtypes", "equal", f"{q.dtype}, {k.dtype}, {v.dtype}")
-    if len({q.device, k.device, v.device}) != 1:
-        _fail(ValueError, "q, k, v devices", "the same", f"{q.device}, {k.device}, {v.device}")
-    _, h, d = q.shape
+    check_qkv_types(FN, q, k, v, 3, _LAYOUTS, fp8)
     if v.shape[0] != k.shape[0]:
         _fail(ValueError, "v.shape[0] (total_k)", f"k's total_k {k.shape[0]}", v.shape[0])
-    hkv = k.shape[1]
-    if v.shape[1] != hkv:
-        _fail(ValueError, "v.shape[1] (nheads_kv)", f"k's nheads_kv {hkv}", v.shape[1])
-    if hkv == 0:
-        _fail(ValueError, "nheads_kv (k.shape[1])", "at least 1", 0)
-    if h % hkv != 0:
-        _fail(ValueError, "nheads (q.shape[1])", f"a multiple of nheads_kv={hkv}", h)
-    if k.shape[2] != d:
-        _fail(ValueError, "k.shape[2] (headdim)", f"q's headdim {d}", k.shape[2])
-    for name, dim in (("headdim", d), ("headdim_v", v.shape[2])):
-        if not 1 <= dim <= MAX_HEADDIM:
-            _fail(ValueError, name, f"between 1 and {MAX_HEADDIM}", dim)
+    h, hkv = check_qkv_heads(FN, q, k, v)
     _check_index_tensor("cu_seqlens_q", cu_seqlens_q, "(batch + 1,)", None, q.device)
     batch = cu_seqlens_q.shape[0] - 1
     _check_index_tensor("cu_seqlens_k", cu_seqlens_k, "(batch + 1,) like cu_seqlens_q", batch + 1, q.device)
@@ -193,12 +171,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
             _fail(TypeError, name, "a Python int", V.describe(m))
         if m < 0:
             _fail(ValueError, name, "an int >= 0", m)
-    V.check_scale(FN, "softmax_scale", softmax_scale)
-    V.check_window(FN, window_size)
-    V.check_softcap(FN, softcap)
-    V.check_sinks(FN, sinks, h, q.device)
-    if fp8 is not None:
-        V.check_fp8_options(FN, q, k, v, sinks, *fp8, batch=batch, nheads_kv=hkv)
+    check_options(FN, q, k, v, softmax_scale, window_size, softcap, sinks, h, fp8, batch, hkv)
 
 
 def content_checks_enabled(device: torch.device) -> bool:
