@@ -373,16 +373,26 @@ def _ring_backward(dout, dlse, q, k, v, out, lse, sinks, group, rank, world, sca
         if world == 1:
             d_next = (dk_step, dv_step)
             break
-        if step > 0:
-            d_ring.wait()
-            dk_step += d_next[0]
-            dv_step += d_next[1]
-        # These accumulators belong to rank src's K/V; the next rank holds that K/V next step
-        # (and after the last step, the next rank is src itself).
-        d_next = d_ring.start([dk_step, dv_step], (2, 3))
+        d_next = _pass_kv_grads(step, d_ring, d_next, dk_step, dv_step)
         if step + 1 < world:
             kv_ring.wait()
             kk, vv = kv_next
+    return _backward_result(q, k, v, dq, d_ring, d_next, world, dout, dlse, out, lse, sinks, group, acc)
+
+
+def _pass_kv_grads(step, d_ring, d_next, dk_step, dv_step):
+    """One hop of the dK/dV ring: add what arrived for this step's K/V block (step > 0) and
+    send the sum on.  These accumulators belong to the K/V block this rank just used; the next
+    rank holds that block next step (after the last step, the block's owner does)."""
+    if step > 0:
+        d_ring.wait()
+        dk_step += d_next[0]
+        dv_step += d_next[1]
+    return d_ring.start([dk_step, dv_step], (2, 3))
+
+
+def _backward_result(q, k, v, dq, d_ring, d_next, world, dout, dlse, out, lse, sinks, group, acc):
+    """Wait for the last hop of the dK/dV ring, reduce dsinks, cast to the inputs' dtypes."""
     if world > 1:
         d_ring.wait()
     dk, dv = d_next
@@ -607,19 +617,11 @@ def _varlen_ring_backward(dout, dlse, q, k, v, out, lse, sinks, lens, group, ran
         if world == 1:
             d_next = (dk_step, dv_step)
             break
-        if step > 0:
-            d_ring.wait()
-            dk_step += d_next[0]
-            dv_step += d_next[1]
-        d_next = d_ring.start([dk_step, dv_step], (2, 3))
+        d_next = _pass_kv_grads(step, d_ring, d_next, dk_step, dv_step)
         if step + 1 < world:
             kv_ring.wait()
             kk, vv = kv_next
-    if world > 1:
-        d_ring.wait()
-    dk, dv = d_next
-    dsinks = None if sinks is None else _dsinks(dout, dlse, out, lse, sinks, group, world, acc)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+    return _backward_result(q, k, v, dq, d_ring, d_next, world, dout, dlse, out, lse, sinks, group, acc)
 
 
 class _RingVarlenAttention(torch.autograd.Function):
