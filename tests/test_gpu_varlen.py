@@ -30,7 +30,7 @@ import torch
 from flashtile import reference
 from flashtile.kernels import cache, debug
 from flashtile.varlen import flash_attn_varlen_func
-from test_gpu_kernels import NAMES, rule_failures
+from test_gpu_kernels import NAMES, _ieee_fp32_reference, rule_failures  # noqa: F401 (autouse fixture: ref32 without TF32)
 
 pytestmark = pytest.mark.gpu
 
@@ -110,14 +110,6 @@ def test_grid_covers_every_axis():
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _ieee_fp32_reference():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def _cu(lengths) -> torch.Tensor:
