@@ -58,20 +58,22 @@ def _require(q, k, v) -> None:
         raise NotImplementedError(f"flashtile: no CUDA kernel for {reason}")
 
 
-def forward(q, k, v, sinks, softmax_scale, window, softcap):
-    """(out, lse) on CUDA; see ``launch.launch_forward``."""
+def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None):
+    """(out, lse) on CUDA; see ``launch.launch_forward``.  ``packed``: None for a dense batch,
+    else the ``launch.Packed`` of a packed one (``varlen_forward``)."""
     from .launch import launch_forward
 
     _require(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
     dp, dvp = configs.kernel_headdims(d, dv, "fwd")
     q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
-    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap)
+    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed)
     return out[..., :dv], lse
 
 
-def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic):
-    """(dq, dk, dv, dsinks or None) on CUDA; see ``launch.launch_backward``."""
+def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed=None):
+    """(dq, dk, dv, dsinks or None) on CUDA; see ``launch.launch_backward`` (``packed`` as in
+    ``forward``)."""
     from .launch import launch_backward
 
     _require(q, k, v)
@@ -80,11 +82,12 @@ def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softca
     dout, q, k, v, out = _prepare(
         _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
     )
-    dq, dk, dv_, dsinks = launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic)
+    dq, dk, dv_, dsinks = launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap,
+                                          deterministic, packed)
     return dq[..., :d], dk[..., :d], dv_[..., :dv], dsinks
 
 
-def _packed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+def _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
     """The launcher's ``Packed``: int32 offsets and the lengths each sequence uses."""
     from .launch import Packed
 
@@ -100,29 +103,12 @@ def _packed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                    sinks, softmax_scale, window, softcap):
     """(out (total_q, H, Dv), lse (H, total_q) float32) on CUDA for a packed batch."""
-    from .launch import launch_forward
-
-    _require(q, k, v)
-    d, dv = q.shape[-1], v.shape[-1]
-    dp, dvp = configs.kernel_headdims(d, dv, "fwd")
-    q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
-    packed = _packed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed)
-    return out[..., :dv], lse
+    packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    return forward(q, k, v, sinks, softmax_scale, window, softcap, packed)
 
 
 def varlen_backward(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                     max_seqlen_q, max_seqlen_k, sinks, softmax_scale, window, softcap, deterministic):
     """(dq, dk, dv, dsinks or None) on CUDA for a packed batch."""
-    from .launch import launch_backward
-
-    _require(q, k, v)
-    d, dv = q.shape[-1], v.shape[-1]
-    dp, dvp = configs.kernel_headdims(d, dv, "bwd")
-    dout, q, k, v, out = _prepare(
-        _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
-    )
-    packed = _packed(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    dq, dk, dv_, dsinks = launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap,
-                                          deterministic, packed)
-    return dq[..., :d], dk[..., :d], dv_[..., :dv], dsinks
+    packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    return backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed)
