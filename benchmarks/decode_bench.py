@@ -3,12 +3,16 @@ read bandwidth, cuDNN / flash SDPA on the contiguous cache, and flash-attn if in
 
     python benchmarks/decode_bench.py --out DIR [--quick]
 
-bf16, 32 query heads, 8 kv heads, d = 128; batch {1, 8, 64} x cache length {8k, 32k, 131k} x
-seqlen_q {1, 4} x layout {contiguous, paged 16, paged 256}.  For each case:
+bf16, 32 query heads, 8 kv heads, d = 128; (batch, cache length) in CASES (issue 16's list: B=1
+8k and 128k, B=8 32k, B=32 8k, B=64 4k, B=128 2k, plus B=64 32k) x seqlen_q {1, 4} x layout
+{contiguous, paged 16, paged 256}.  For each case:
 
 - ``flashtile``: attention over the cache (no new keys), ``num_splits=0`` (heuristic);
   ``+append``: the same call also appending ``seqlen_q`` new k/v tokens in place (the host-side
   index_put_ counted in the time);
+- ``graph``: the same call captured in a CUDA graph and replayed (``do_bench_cudagraph``), as
+  a serving engine runs decode: host time (Python, the custom op, argument checks) drops out, so
+  this is the number the bandwidth roofline is about; cuDNN is timed the same way;
 - achieved bandwidth = (K and V bytes the call must read + q + out) / time, and that as a % of
   the read bandwidth measured in the same run (``x.sum()`` over a 2 GiB tensor);
 - ``cudnn`` / ``flash``: PyTorch SDPA with that backend forced, dense q over the contiguous
@@ -37,10 +41,25 @@ H, HKV, D = 32, 8, 128
 DT = torch.bfloat16
 
 
+CASES = [(1, 8192), (1, 131072), (8, 32768), (32, 8192), (64, 4096), (128, 2048), (64, 32768)]
+QUICK = [(1, 8192), (8, 32768)]
+
+
 def bench(fn):
     from triton.testing import do_bench
 
     return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3  # seconds
+
+
+def bench_graph(fn):
+    """Median seconds of ``fn`` replayed from a CUDA graph, or None when it cannot be captured."""
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e-3
+    except Exception:  # noqa: BLE001 - a backend that cannot be captured shows "-"
+        torch.cuda.synchronize()
+        return None
 
 
 def read_bandwidth() -> float:
@@ -91,23 +110,24 @@ def write(out_dir, rows, props, bw):
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     with open(os.path.join(out_dir, "decode.md"), "w") as f:
         f.write(f"# decode, {props.name}, read bandwidth {bw / 1e9:.0f} GB/s (x.sum over 2 GiB)\n\n")
-        f.write("bf16, 32 q heads, 8 kv heads, d=128, causal; times in us (do_bench median); % = of measured read bandwidth\n\n")
-        f.write("| B | cache len | sq | layout | K+V MB | flashtile us | GB/s | % bw | +append us | cuDNN us | % bw | flash us | % bw | flash-attn us | max err |\n")
-        f.write("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+        f.write("bf16, 32 q heads, 8 kv heads, d=128, causal; times in us (do_bench median; graph: replayed from a CUDA "
+                "graph); % bw = of measured read bandwidth, from the graph time where there is one\n\n")
+        f.write("| B | cache len | sq | layout | K+V MB | flashtile us | graph us | GB/s | % bw | +append us | cuDNN us | cuDNN graph us | % bw | flash us | % bw | flash-attn us | max err |\n")
+        f.write("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
         for r in rows:
-            io = r["flashtile_gbs"] * 1e9 * r["flashtile_s"]
+            io = r["flashtile_gbs"] * 1e9 * (r["flashtile_graph_s"] or r["flashtile_s"])
             c = lambda s: f"{s * 1e6:.1f}" if s else "-"  # noqa: E731
             p = lambda s: f"{100 * io / s / bw:.1f}" if s else "-"  # noqa: E731
             f.write(f"| {r['batch']} | {r['seqlen_cache']} | {r['seqlen_q']} | {r['layout']} | {r['cache_mb']:.0f} | "
-                    f"{r['flashtile_s'] * 1e6:.1f} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
-                    f"{r['flashtile_append_s'] * 1e6:.1f} | {c(r['cudnn_s'])} | {p(r['cudnn_s'])} | {c(r['flash_s'])} | "
+                    f"{r['flashtile_s'] * 1e6:.1f} | {c(r['flashtile_graph_s'])} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
+                    f"{r['flashtile_append_s'] * 1e6:.1f} | {c(r['cudnn_s'])} | {c(r['cudnn_graph_s'])} | {p(r['cudnn_graph_s'] or r['cudnn_s'])} | {c(r['flash_s'])} | "
                     f"{p(r['flash_s'])} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="decode-bench")
-    ap.add_argument("--quick", action="store_true", help="B {1, 8} x L {8k, 32k} only")
+    ap.add_argument("--quick", action="store_true", help="B=1 8k and B=8 32k only")
     ap.add_argument("--tiles", default="", help="also time these decode tiles, e.g. '64x2,128x2' (block_n x stages)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -125,96 +145,101 @@ def main(argv=None):
     props = torch.cuda.get_device_properties(dev)
     bw = read_bandwidth()
     print(f"{props.name}, {props.multi_processor_count} SMs; measured read bandwidth {bw / 1e9:.0f} GB/s")
-    batches, lengths = ([1, 8], [8192, 32768]) if args.quick else ([1, 8, 64], [8192, 32768, 131072])
     rows = []
-    header = f"{'B':>3} {'L':>7} {'sq':>2} {'layout':>8} {'MB':>7} | {'flashtile us':>12} {'GB/s':>6} {'%bw':>5} {'+append us':>10} | {'cudnn us':>9} {'%bw':>5} {'flash us':>9} {'%bw':>5} {'fa us':>8} | err"
+    header = (f"{'B':>3} {'L':>7} {'sq':>2} {'layout':>8} {'MB':>7} | {'flashtile us':>12} {'graph us':>8} {'GB/s':>6} {'%bw':>5} "
+              f"{'+append us':>10} | {'cudnn us':>9} {'graph us':>8} {'%bw':>5} {'flash us':>9} {'%bw':>5} {'fa us':>8} | err")
     print(header)
-    for B in batches:
-        for L in lengths:
-            torch.cuda.empty_cache()
-            cap = L + 256  # room for appends; multiple of 16 and 256
-            try:
-                kc = torch.randn(B, cap, HKV, D, device=dev, dtype=DT)
-                vc = torch.randn(B, cap, HKV, D, device=dev, dtype=DT)
-            except torch.OutOfMemoryError:
-                print(f"{B:>3} {L:>7}: cache does not fit, skipped")
-                continue
-            for sq in (1, 4):
-                q = torch.randn(B, sq, H, D, device=dev, dtype=DT)
-                knew = torch.randn(B, sq, HKV, D, device=dev, dtype=DT)
-                vnew = torch.randn(B, sq, HKV, D, device=dev, dtype=DT)
-                kv_bytes = 2 * B * L * HKV * D * DT.itemsize
-                io_bytes = kv_bytes + 2 * q.numel() * DT.itemsize
-                ref0 = reference_entry0(q, kc, vc, L, sq)
-                sdpa = {}
-                for be in ("cudnn", "flash"):
+    for B, L in QUICK if args.quick else CASES:
+        torch.cuda.empty_cache()
+        cap = L + 256  # room for appends; multiple of 16 and 256
+        try:
+            kc = torch.randn(B, cap, HKV, D, device=dev, dtype=DT)
+            vc = torch.randn(B, cap, HKV, D, device=dev, dtype=DT)
+        except torch.OutOfMemoryError:
+            print(f"{B:>3} {L:>7}: cache does not fit, skipped")
+            continue
+        for sq in (1, 4):
+            q = torch.randn(B, sq, H, D, device=dev, dtype=DT)
+            knew = torch.randn(B, sq, HKV, D, device=dev, dtype=DT)
+            vnew = torch.randn(B, sq, HKV, D, device=dev, dtype=DT)
+            kv_bytes = 2 * B * L * HKV * D * DT.itemsize
+            io_bytes = kv_bytes + 2 * q.numel() * DT.itemsize
+            ref0 = reference_entry0(q, kc, vc, L, sq)
+            sdpa = {}
+            for be in ("cudnn", "flash"):
+                try:
+                    fn = sdpa_fn(be, q, kc, vc, L, sq)
+                    fn()
+                    sdpa[be] = bench(fn)
+                    sdpa[be + "_graph"] = bench_graph(fn)
+                except Exception as e:  # noqa: BLE001
+                    sdpa[be] = None
+                    sdpa[be + "_why"] = f"{type(e).__name__}: {str(e)[:80]}"
+            for layout, page in (("contig", None), ("page16", 16), ("page256", 256)):
+                seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
+                seqlens_append = torch.full((B,), L - sq, dtype=torch.int32, device=dev)
+                kw = {}
+                if page is None:
+                    kcache, vcache = kc, vc
+                else:
+                    # the same memory as pages; a shuffled table so pages are scattered
+                    nb = cap // page
+                    kcache, vcache = kc.view(B * nb, page, HKV, D), vc.view(B * nb, page, HKV, D)
+                    perm = torch.randperm(B * nb, device=dev).to(torch.int32)
+                    kw["block_table"] = perm.view(B, nb)
+                call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
+                call_append = lambda: flash_attn_with_kvcache(q, kcache, vcache, k=knew, v=vnew, cache_seqlens=seqlens_append, causal=True, **kw)  # noqa: E731
+                out = call()
+                if page is None:
+                    err = (out[0].float() - ref0).abs().max().item()
+                else:
+                    # entry 0's logical rows through the table, against the same fp32 math
+                    pos = torch.arange(L, device=dev)
+                    k0 = kcache[kw["block_table"][0].long()[pos // page], pos % page]
+                    v0 = vcache[kw["block_table"][0].long()[pos // page], pos % page]
+                    r = reference_entry0(q, k0[None], v0[None], L, sq)
+                    err = (out[0].float() - r).abs().max().item()
+                t = bench(call)
+                tg = bench_graph(call)
+                ta = bench(call_append)
+                sweep = {}
+                for tiles in tile_sweep:
+                    decode_mod.TILE_OVERRIDE = tiles
                     try:
-                        fn = sdpa_fn(be, q, kc, vc, L, sq)
-                        fn()
-                        sdpa[be] = bench(fn)
-                    except Exception as e:  # noqa: BLE001
-                        sdpa[be] = None
-                        sdpa[be + "_why"] = f"{type(e).__name__}: {str(e)[:80]}"
-                for layout, page in (("contig", None), ("page16", 16), ("page256", 256)):
-                    seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
-                    seqlens_append = torch.full((B,), L - sq, dtype=torch.int32, device=dev)
-                    kw = {}
-                    if page is None:
-                        kcache, vcache = kc, vc
-                    else:
-                        # the same memory as pages; a shuffled table so pages are scattered
-                        nb = cap // page
-                        kcache, vcache = kc.view(B * nb, page, HKV, D), vc.view(B * nb, page, HKV, D)
-                        perm = torch.randperm(B * nb, device=dev).to(torch.int32)
-                        kw["block_table"] = perm.view(B, nb)
-                    call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
-                    call_append = lambda: flash_attn_with_kvcache(q, kcache, vcache, k=knew, v=vnew, cache_seqlens=seqlens_append, causal=True, **kw)  # noqa: E731
-                    out = call()
-                    if page is None:
-                        err = (out[0].float() - ref0).abs().max().item()
-                    else:
-                        # entry 0's logical rows through the table, against the same fp32 math
-                        pos = torch.arange(L, device=dev)
-                        k0 = kcache[kw["block_table"][0].long()[pos // page], pos % page]
-                        v0 = vcache[kw["block_table"][0].long()[pos // page], pos % page]
-                        r = reference_entry0(q, k0[None], v0[None], L, sq)
-                        err = (out[0].float() - r).abs().max().item()
-                    t = bench(call)
-                    ta = bench(call_append)
-                    sweep = {}
-                    for tiles in tile_sweep:
-                        decode_mod.TILE_OVERRIDE = tiles
-                        try:
-                            o2 = call()
-                            e2 = (o2.float() - out.float()).abs().max().item()
-                            sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench(call), "diff_vs_default": e2}
-                        finally:
-                            decode_mod.TILE_OVERRIDE = None
-                    fa_t = None
-                    if fa_kvcache is not None:
-                        try:
-                            fa_call = lambda: fa_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
-                            fa_call()
-                            fa_t = bench(fa_call)
-                        except Exception:  # noqa: BLE001
-                            fa_t = None
-                    row = dict(batch=B, seqlen_cache=L, seqlen_q=sq, layout=layout, cache_mb=kv_bytes / 2**20,
-                               flashtile_s=t, flashtile_append_s=ta, flashtile_gbs=io_bytes / t / 1e9,
-                               flashtile_pct_bw=100 * io_bytes / t / bw, err_vs_fp32=err, wrong=err > 2e-2,
-                               cudnn_s=sdpa["cudnn"] if page is None else None,
-                               flash_s=sdpa["flash"] if page is None else None, fa_s=fa_t,
-                               sdpa_notes={k: v for k, v in sdpa.items() if k.endswith("_why")}, tiles=sweep)
-                    rows.append(row)
-                    fmt = lambda s: f"{s * 1e6:9.1f}" if s else f"{'-':>9}"  # noqa: E731
-                    pct = lambda s: f"{100 * io_bytes / s / bw:5.1f}" if s else f"{'-':>5}"  # noqa: E731
-                    print(f"{B:>3} {L:>7} {sq:>2} {layout:>8} {kv_bytes / 2**20:7.0f} | {t * 1e6:12.1f} {io_bytes / t / 1e9:6.0f} "
-                          f"{100 * io_bytes / t / bw:5.1f} {ta * 1e6:10.1f} | {fmt(row['cudnn_s'])} {pct(row['cudnn_s'])} "
-                          f"{fmt(row['flash_s'])} {pct(row['flash_s'])} {fmt(fa_t)[1:]} | {err:.1e}{' WRONG' if err > 2e-2 else ''}",
-                          flush=True)
-                    write(args.out, rows, props, bw)
-                    for name, r in sweep.items():
-                        print(f"{'':>33}tiles {name}: {r['s'] * 1e6:9.1f} us {100 * io_bytes / r['s'] / bw:5.1f} %bw (diff {r['diff_vs_default']:.1e})", flush=True)
-            del kc, vc
+                        o2 = call()
+                        e2 = (o2.float() - out.float()).abs().max().item()
+                        sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench(call), "diff_vs_default": e2}
+                    finally:
+                        decode_mod.TILE_OVERRIDE = None
+                fa_t = None
+                if fa_kvcache is not None:
+                    try:
+                        fa_call = lambda: fa_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
+                        fa_call()
+                        fa_t = bench(fa_call)
+                    except Exception:  # noqa: BLE001
+                        fa_t = None
+                row = dict(batch=B, seqlen_cache=L, seqlen_q=sq, layout=layout, cache_mb=kv_bytes / 2**20,
+                           flashtile_s=t, flashtile_graph_s=tg, flashtile_append_s=ta,
+                           flashtile_gbs=io_bytes / (tg or t) / 1e9, flashtile_pct_bw=100 * io_bytes / (tg or t) / bw,
+                           err_vs_fp32=err, wrong=err > 2e-2,
+                           cudnn_s=sdpa["cudnn"] if page is None else None,
+                           cudnn_graph_s=sdpa.get("cudnn_graph") if page is None else None,
+                           flash_s=sdpa["flash"] if page is None else None, fa_s=fa_t,
+                           sdpa_notes={k: v for k, v in sdpa.items() if k.endswith("_why")}, tiles=sweep)
+                rows.append(row)
+                fmt = lambda s: f"{s * 1e6:9.1f}" if s else f"{'-':>9}"  # noqa: E731
+                pct = lambda s: f"{100 * io_bytes / s / bw:5.1f}" if s else f"{'-':>5}"  # noqa: E731
+                best = tg or t
+                cg = row["cudnn_graph_s"] or row["cudnn_s"]
+                print(f"{B:>3} {L:>7} {sq:>2} {layout:>8} {kv_bytes / 2**20:7.0f} | {t * 1e6:12.1f} {fmt(tg)[1:]} {io_bytes / best / 1e9:6.0f} "
+                      f"{100 * io_bytes / best / bw:5.1f} {ta * 1e6:10.1f} | {fmt(row['cudnn_s'])} {fmt(row['cudnn_graph_s'])[1:]} {pct(cg)} "
+                      f"{fmt(row['flash_s'])} {pct(row['flash_s'])} {fmt(fa_t)[1:]} | {err:.1e}{' WRONG' if err > 2e-2 else ''}",
+                      flush=True)
+                write(args.out, rows, props, bw)
+                for name, r in sweep.items():
+                    print(f"{'':>33}tiles {name}: {r['s'] * 1e6:9.1f} us {100 * io_bytes / r['s'] / bw:5.1f} %bw (diff {r['diff_vs_default']:.1e})", flush=True)
+        del kc, vc
     write(args.out, rows, props, bw)
     print(f"wrote {args.out}/decode.json and decode.md")
     return 1 if any(r["wrong"] for r in rows) else 0

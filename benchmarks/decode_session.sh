@@ -2,7 +2,7 @@
 # One device call for KV-cache decoding (flash_attn_with_kvcache): precompile the decode/combine
 # kernels the GPU suite uses (4 processes sharing TileLang's disk cache), run
 # tests/test_gpu_kvcache.py, then benchmarks/decode_bench.py.  Logs under $1 (default
-# $OUT/decode).  BENCH_FLAGS (default "--tiles 64x2") go to the benchmark.  Time limits
+# $OUT/decode).  BENCH_FLAGS (e.g. "--tiles 64x2", a tile sweep) go to the benchmark.  Time limits
 # (PRECOMPILE_S 100, TESTS_S 180, BENCH_S 290) keep the whole call under 10 minutes.
 #
 #   bash benchmarks/decode_session.sh "$OUT/decode"
@@ -31,7 +31,7 @@ timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/
 echo "kvcache gpu tests: $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/gpu_kvcache.log")" | tee -a "$out/summary.txt"
 grep -E "^(FAILED|ERROR)" "$out/gpu_kvcache.log" | head -30
 t0=$(date +%s)
-timeout "${BENCH_S:-290}" python3 benchmarks/decode_bench.py --out "$out" ${BENCH_FLAGS:---tiles 64x2} > "$out/decode_bench.log" 2>&1
+timeout "${BENCH_S:-290}" python3 benchmarks/decode_bench.py --out "$out" ${BENCH_FLAGS:-} > "$out/decode_bench.log" 2>&1
 rc=$?
 echo "decode bench: $(( $(date +%s) - t0 ))s (rc $rc)" | tee -a "$out/summary.txt"
 cat "$out/decode_bench.log" | tail -70

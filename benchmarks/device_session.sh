@@ -13,6 +13,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
 jobs=$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/summary.txt"
+bash benchmarks/kernel_cache.sh unpack | tee -a "$out/summary.txt"
 
 t0=$(date +%s)
 timeout "${PRECOMPILE_S:-150}" python3 -m flashtile.kernels.precompile --jobs "$jobs" \
@@ -20,7 +21,7 @@ timeout "${PRECOMPILE_S:-150}" python3 -m flashtile.kernels.precompile --jobs "$
 timeout 60 python3 -m flashtile.kernels.precompile --jobs "$jobs" --headdim 64 128 --dtype bfloat16 \
   --features sinks softcap both --passes fwd bwd bwd-det bwd-lse 2>&1 | grep -v INFO >> "$out/precompile.log"
 # Packed (varlen) builds of what tests/test_gpu_varlen.py and the varlen benchmark run.
-timeout "${PRECOMPILE_VARLEN_S:-120}" python3 -m flashtile.kernels.precompile --jobs "$jobs" --headdim 64 128 192/128 256 40 \
+[ "${PRECOMPILE_VARLEN_S:-120}" != 0 ] && timeout "${PRECOMPILE_VARLEN_S:-120}" python3 -m flashtile.kernels.precompile --jobs "$jobs" --headdim 64 128 192/128 256 40 \
   --features plain sinks softcap both --passes vfwd vbwd vbwd-det vbwd-lse 2>&1 | grep -v INFO >> "$out/precompile.log"
 echo "precompile: $(( $(date +%s) - t0 ))s, $(grep -c "s$" "$out/precompile.log") structures" | tee -a "$out/summary.txt"
 

@@ -20,8 +20,9 @@ from . import configs
 FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, True), "both": (True, True)}
 
 
-# bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches.
-PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse")
+# bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches;
+# decode: the KV-cache split-KV decode kernel and its combine kernel.
+PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "decode")
 
 
 def structures(headdims, dtypes, features, passes=PASSES):
@@ -32,7 +33,9 @@ def structures(headdims, dtypes, features, passes=PASSES):
         base = p.removeprefix("v")
         dim, dim_v = configs.kernel_headdims(d, dv, "fwd" if base == "fwd" else "bwd")
         has_sinks, has_softcap = FEATURES[feat]
-        if base == "fwd":
+        if p == "decode":  # the decode kernel serves user head dims as they are
+            yield p, dict(dim=d, dim_v=dv, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
+        elif base == "fwd":
             yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
         elif not has_sinks:  # sinks do not change the backward kernels
             yield p, dict(
@@ -42,10 +45,14 @@ def structures(headdims, dtypes, features, passes=PASSES):
 
 
 def build(p: str, kwargs: dict) -> str:
+    from .decode import get_decode_kernels
     from .launch import backward_kernels, forward_kernel
 
     t = time.time()
-    forward_kernel(**kwargs) if p.endswith("fwd") else backward_kernels(**kwargs)
+    if p == "decode":
+        get_decode_kernels(**kwargs)
+    else:
+        forward_kernel(**kwargs) if p.endswith("fwd") else backward_kernels(**kwargs)
     return f"{p:8s} {kwargs} {time.time() - t:.1f}s"
 
 

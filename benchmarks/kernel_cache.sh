@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Carry compiled kernels to the GPU machine instead of rebuilding them there.
+#
+# TileLang's disk cache is keyed by the kernel's TIR, target, pass configs, TileLang version
+# and CPU platform, never by the GPU: kernels built on the CPU machine (nvcc 13.0, sm_90a) are
+# hits on the device, and an entry that fails to load is treated as a miss (rebuilt).  Each
+# fresh device machine would otherwise spend 3-4 of its 30 minutes rebuilding (~20 s a kernel).
+# Only the host-platform entries travel: each executable.so embeds its cubin, so nvcc's
+# separate cubin cache (cuda-binaries/) is not needed there.  `fill` builds what the device sessions' GPU suites and benchmarks run (dense, packed, decode);
+# ~10 MB packed for ~150 kernels.
+#
+#   bash benchmarks/kernel_cache.sh fill [JOBS]  # here or there: build into the cache
+#   bash benchmarks/kernel_cache.sh pack     # here: local cache -> .carry/kernels.tar.xz
+#   bash benchmarks/kernel_cache.sh unpack   # device: .carry/kernels.tar.xz -> $TILELANG_CACHE_DIR
+set -euo pipefail
+ver=$(python3 -c "import tilelang; print(tilelang.__version__.split('+')[0])" 2>/dev/null || echo 0.1.15)
+case ${1:-} in
+  fill)
+    pc="python3 -m flashtile.kernels.precompile --jobs ${2:-2}"
+    # tests/test_gpu_kernels.py, test_gpu_integration.py, test_degenerate.py, flashtile bench
+    $pc --headdim 64 96 128 192/128 256 40 200/100 --features plain --passes fwd bwd bwd-det bwd-lse
+    $pc --headdim 64 128 --dtype bfloat16 --features sinks softcap both --passes fwd bwd bwd-det bwd-lse
+    # tests/test_gpu_varlen.py, flashtile bench --varlen
+    $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det
+    $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
+    $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd
+    # tests/test_gpu_kvcache.py, benchmarks/decode_bench.py
+    $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode;;
+  pack)
+    src=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver
+    tar -C "$src" -cf - linux-x86_64 | xz -T2 -6 > .carry/kernels.tar.xz
+    echo "packed $(ls "$src/linux-x86_64/kernels" | wc -l) kernels: $(du -h .carry/kernels.tar.xz | cut -f1)";;
+  unpack)
+    dst=${TILELANG_CACHE_DIR:?}/$ver
+    mkdir -p "$dst"
+    if [ -f .carry/kernels.tar.xz ]; then
+      xz -dc .carry/kernels.tar.xz | tar -C "$dst" -xf -
+      echo "unpacked $(ls "$dst/linux-x86_64/kernels" | wc -l) kernels into $dst"
+    fi;;
+  *) echo "usage: $0 pack|unpack" >&2; exit 2;;
+esac
