@@ -415,12 +415,16 @@ def test_build_decode(d, dv, dtype, sinks, softcap):
     decode, combine = get_decode_kernels(d, dv, dtype, sinks, softcap)
     src = decode.get_kernel_source()
     assert "wgmma" in src and "mma_sync" not in src, "decode GEMMs should be WGMMA"
-    for name in ("int B", "int Sq", "int H", "int Hkv", "int PS", "int num_splits"):
+    for name in ("int B", "int Sq", "int H", "int Hkv", "int page_size", "int num_splits"):
         assert name in src, f"{name} should be a runtime argument"
     assert ("tanh" in src) == softcap
     if d == dv:
         assert "cp_async" in src, "K/V tiles should stream through cp.async"
         assert "cp_async_gs_conditional<4>" not in src and "<16>" in src, "K/V copies should be 16-byte vectors"
+        # The page lookup happens once per key row (row_s), not per 16-byte copy: a division
+        # in the copy's address was the decode kernel's bottleneck (64-bit, ~8 per copy).
+        copies = [line for line in src.splitlines() if "cp_async_gs" in line]
+        assert copies and not any(" % " in line or " / " in line for line in copies), "division in a K/V copy address"
     assert "__launch_bounds__(" in combine.get_kernel_source()
 
 

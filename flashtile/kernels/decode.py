@@ -14,7 +14,13 @@ built to keep HBM busy, not the tensor cores:
   cp.async copies (16-byte vectors).  Each row of a tile is looked up through the block table
   (``page = block_table[b, j // page_size]``, row ``j % page_size``), so any page size works,
   and a contiguous cache is the special case of one page per cache row (``page_size =
-  seqlen_cache``, table = ``cache_batch_idx``).  A tile row outside the entry's keys
+  seqlen_cache``, table = ``cache_batch_idx``).  The lookup runs once per key row, for a
+  chunk of ``ROW_CHUNK_BLOCKS`` key blocks at a time (into ``row_s``), and the caches are flat
+  ``(pages * page_size, Hkv, d)`` rows, so the copies' addresses are a multiply-add: done
+  inside the copy loop, the
+  lookup was ~8 64-bit divisions per 16-byte copy (TileLang widens dynamic-shape index
+  arithmetic to 64 bits), ~13k cycles of integer work per 64 KB step and a third of the
+  HBM bandwidth on the H100 (h100-2026-11-23b/decode-first).  A tile row outside the entry's keys
   ``[leftpad, seqlen_k)`` loads the nearest valid key instead (clamped position), so stale or
   NaN cache contents past the end or before the left padding are never read; the mask gives
   those rows zero weight.  K and V rows are copied in one loop, so each step is one cp.async
@@ -81,17 +87,18 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
 ):
-    """Build the split-KV decode PrimFunc.
+    """Build the split-KV decode PrimFunc (``num_stages``: 2, the row lookup and copy one step
+    ahead of the compute; kept as a parameter for the cache key and the tile sweeps).
 
-    Kernel arguments: Q (B, Sq, H, dim); K (NP, PS, Hkv, dim) and V (NP, PS, Hkv, dim_v) the
-    cache as pages; BlockTable (B, MB) int32 page of each logical block; SeqlensK (B,) int32
+    Kernel arguments: Q (B, Sq, H, dim); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as
+    rows (NR = pages x page_size); BlockTable (B, MB) int32 page of each logical block; SeqlensK (B,) int32
     keys of each entry *after* the append; Leftpad (B,) int32 first visible key; O (B, Sq, H,
     dim_v), LSE (B, H, Sq) fp32 (written only when ``num_splits == 1``); Opart (P, dim_v) and
     LSEpart (P,) fp32 partials, flat ``((split * B + b) * Sq + t) * H + h`` (written only when
     ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
-    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``.
+    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``, ``page_size``.
     """
-    B, Sq, H, Hkv, NP, PS, MB, P = T.dynamic("B, Sq, H, Hkv, NP, PS, MB, P")
+    B, Sq, H, Hkv, NR, MB, P = T.dynamic("B, Sq, H, Hkv, NR, MB, P")
     acc = T.float32
     block_m = BLOCK_M
     kv_width = max(dim, dim_v)
@@ -107,13 +114,14 @@ def decode_kernel(
     )
     neg_inf = -T.infinity(acc)
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+    chunk = ROW_CHUNK_BLOCKS
     _, finish_partial = online_softmax(block_m, block_n, dim_v, False, has_softcap)  # sinks: combine.py
 
     @T.prim_func
     def main(
         Q: T.Tensor([B, Sq, H, dim], dtype),
-        K: T.Tensor([NP, PS, Hkv, dim], dtype),
-        V: T.Tensor([NP, PS, Hkv, dim_v], dtype),
+        K: T.Tensor([NR, Hkv, dim], dtype),
+        V: T.Tensor([NR, Hkv, dim_v], dtype),
         BlockTable: T.Tensor([B, MB], T.int32),
         SeqlensK: T.Tensor([B], T.int32),
         Leftpad: T.Tensor([B], T.int32),
@@ -127,6 +135,7 @@ def decode_kernel(
         left: T.int32,
         right: T.int32,
         num_splits: T.int32,
+        page_size: T.int32,
     ):
         with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
             group = T.alloc_var(T.int32, H // Hkv)
@@ -134,6 +143,7 @@ def decode_kernel(
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
+            row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
             s = T.alloc_fragment([block_m, block_n], acc)
             p = T.alloc_fragment([block_m, block_n], dtype)
             o = T.alloc_fragment([block_m, dim_v], acc)
@@ -173,28 +183,35 @@ def decode_kernel(
             T.clear(l)
             T.fill(m, neg_inf)
 
-            for it in T.Pipelined(my_blocks, num_stages=num_stages):
-                n0 = (kb_first + it) * block_n
-                # K and V rows in one loop: one cp.async group per step (two groups trip a
-                # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
-                for i, c in T.Parallel(block_n, kv_width, loop_layout=kv_layout):
-                    j = T.min(T.max(n0 + i, lp), seqlen_k - 1)  # a key of this entry, see above
-                    page = BlockTable[b, j // PS]
-                    if dim >= dim_v:
-                        k_s[i, c] = K[page, j % PS, hk, c]
-                        if dim_v == dim or c < dim_v:
-                            v_s[i, c] = V[page, j % PS, hk, c]
-                    else:
-                        v_s[i, c] = V[page, j % PS, hk, c]
-                        if c < dim:
-                            k_s[i, c] = K[page, j % PS, hk, c]
-                T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                # softmax.py's online softmax; masks.py's rule per query token (row // group).
-                update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, score_scale, cap_in, tile_rows)
-                T.copy(s, p)
-                for i, c in T.Parallel(block_m, dim_v):
-                    o[i, c] *= alpha[i]
-                T.gemm(p, v_s, o, policy=FULL_ROW)
+            # Key blocks in chunks: the cache rows of a chunk's keys are looked up first (all
+            # threads, into row_s), then the chunk's blocks stream through the pipeline.  Inside
+            # the pipelined loop the lookup would be planned into the compute stage (it is not
+            # a plain copy), after the copy that reads it.
+            for ch in T.serial(T.ceildiv(my_blocks, chunk)):
+                for i in T.Parallel(chunk * block_n):
+                    j = T.min(T.max((kb_first + ch * chunk) * block_n + i, lp), seqlen_k - 1)  # a key of this entry, see above
+                    row_s[i] = BlockTable[b, j // page_size] * page_size + j % page_size
+                for it in T.Pipelined(T.min(chunk, my_blocks - ch * chunk), num_stages=num_stages):
+                    n0 = (kb_first + ch * chunk + it) * block_n
+                    # K and V rows in one loop: one cp.async group per step (two groups trip a
+                    # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
+                    for i, c in T.Parallel(block_n, kv_width, loop_layout=kv_layout):
+                        row = row_s[it * block_n + i]
+                        if dim >= dim_v:
+                            k_s[i, c] = K[row, hk, c]
+                            if dim_v == dim or c < dim_v:
+                                v_s[i, c] = V[row, hk, c]
+                        else:
+                            v_s[i, c] = V[row, hk, c]
+                            if c < dim:
+                                k_s[i, c] = K[row, hk, c]
+                    T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    # softmax.py's online softmax; masks.py's rule per query token (row // group).
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, score_scale, cap_in, tile_rows)
+                    T.copy(s, p)
+                    for i, c in T.Parallel(block_m, dim_v):
+                        o[i, c] *= alpha[i]
+                    T.gemm(p, v_s, o, policy=FULL_ROW)
 
             # Epilogue (softmax.py's): O normalised, lse in natural log; the sink folded in
             # here with one split, by the combine kernel otherwise.
@@ -225,6 +242,9 @@ def decode_kernel(
 # --- host side ------------------------------------------------------------------------------
 
 MAX_SPLITS = 128
+# Key blocks whose cache rows are looked up at once (row_s: 16 KB at 128-key blocks); each chunk
+# restarts the K/V pipeline, so about 1/ROW_CHUNK_BLOCKS of the loads are not overlapped.
+ROW_CHUNK_BLOCKS = 32
 
 
 # (block_n, num_stages) forced for every head dim when set; benchmarks/decode_bench.py --tiles.
@@ -324,8 +344,9 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         rows_total = num_splits * b * sq * h
         opart = debug.new_output((rows_total, dv), torch.float32, dev)
         lsepart = debug.new_output((rows_total,), torch.float32, dev)
-    decode(q, k_cache, v_cache, table, seqlens_k.contiguous(), leftpad, out, lse, opart, lsepart, sinks32,
-           score_scale, cap_in, left, right, num_splits)
+    page_size = k_cache.shape[1]
+    decode(q, k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad, out, lse,
+           opart, lsepart, sinks32, score_scale, cap_in, left, right, num_splits, page_size)
     if num_splits > 1:
         combine(opart, lsepart, out, lse, sinks32, num_splits)
     return out, lse
@@ -347,6 +368,8 @@ def unsupported_reason(q, k_cache, v_cache):
         return f"headdim {d} / headdim_v {dv} (the decode kernel takes multiples of 16 up to 256)"
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return "non-contiguous k_cache / v_cache"
+    if k_cache.shape[0] * k_cache.shape[1] >= 2**31:
+        return "a cache of 2^31 or more token rows (32-bit row indices)"
     if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) >= 2**31:
         return "q / out with 2^31 or more elements (32-bit indices; split the batch)"
     return None
