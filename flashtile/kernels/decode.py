@@ -96,7 +96,7 @@ def decode_kernel(
     dim_v), LSE (B, H, Sq) fp32 (written only when ``num_splits == 1``); Opart (P, dim_v) and
     LSEpart (P,) fp32 partials, flat ``((split * B + b) * Sq + t) * H + h`` (written only when
     ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
-    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``, ``page_size``.
+    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``, ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two).
     """
     B, Sq, H, Hkv, NR, MB, P = T.dynamic("B, Sq, H, Hkv, NR, MB, P")
     acc = T.float32
@@ -136,6 +136,7 @@ def decode_kernel(
         right: T.int32,
         num_splits: T.int32,
         page_size: T.int32,
+        page_shift: T.int32,
     ):
         with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
             group = T.alloc_var(T.int32, H // Hkv)
@@ -189,8 +190,12 @@ def decode_kernel(
             # a plain copy), after the copy that reads it.
             for ch in T.serial(T.ceildiv(my_blocks, chunk)):
                 for i in T.Parallel(chunk * block_n):
-                    j = T.min(T.max((kb_first + ch * chunk) * block_n + i, lp), seqlen_k - 1)  # a key of this entry, see above
-                    row_s[i] = BlockTable[b, j // page_size] * page_size + j % page_size
+                    # Only the rows of this CTA's blocks (a split may hold a few blocks only).
+                    if i < (my_blocks - ch * chunk) * block_n:
+                        j = T.min(T.max((kb_first + ch * chunk) * block_n + i, lp), seqlen_k - 1)  # a key of this entry, see above
+                        # A power-of-two page size (page_shift >= 0) takes a shift, not a division.
+                        pg = T.if_then_else(page_shift >= 0, T.shift_right(j, page_shift), j // page_size)
+                        row_s[i] = BlockTable[b, pg] * page_size + (j - pg * page_size)
                 for it in T.Pipelined(T.min(chunk, my_blocks - ch * chunk), num_stages=num_stages):
                     n0 = (kb_first + ch * chunk + it) * block_n
                     # K and V rows in one loop: one cp.async group per step (two groups trip a
@@ -345,8 +350,9 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         opart = debug.new_output((rows_total, dv), torch.float32, dev)
         lsepart = debug.new_output((rows_total,), torch.float32, dev)
     page_size = k_cache.shape[1]
+    page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     decode(q, k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad, out, lse,
-           opart, lsepart, sinks32, score_scale, cap_in, left, right, num_splits, page_size)
+           opart, lsepart, sinks32, score_scale, cap_in, left, right, num_splits, page_size, page_shift)
     if num_splits > 1:
         combine(opart, lsepart, out, lse, sinks32, num_splits)
     return out, lse
