@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call for KV-cache decoding (flash_attn_with_kvcache): precompile the decode/combine
-# kernels the GPU suite uses (4 processes sharing TileLang's disk cache), run
+# One device call for KV-cache decoding (flash_attn_with_kvcache): build the decode/combine
+# kernels (benchmarks/kernel_cache.sh fill ... decode; hits when the cache was carried), run
 # tests/test_gpu_kvcache.py, then benchmarks/decode_bench.py.  Logs under $1 (default
 # $OUT/decode).  BENCH_FLAGS (e.g. "--tiles 64x2", a tile sweep) go to the benchmark.  Time limits
 # (PRECOMPILE_S 100, TESTS_S 180, BENCH_S 290) keep the whole call under 10 minutes.
@@ -11,20 +11,7 @@ out=${1:-${OUT:-device-out}/decode}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
 t0=$(date +%s)
-cat > "$out/build.py" <<'PY'
-import sys
-sys.path.insert(0, ".")
-import tests.test_gpu_kvcache as t
-from flashtile.kernels.decode import get_decode_kernels
-me, n = int(sys.argv[1]), int(sys.argv[2])
-structs = sorted({(str(c.dtype).split(".")[-1], c.d, c.dv, c.sinks, c.softcap > 0) for c in t.GRID})
-for i, (dt, d, dv, sinks, cap) in enumerate(structs):
-    if i % n == me:
-        get_decode_kernels(d, dv, dt, sinks, cap)
-        print("built", dt, d, dv, sinks, cap, flush=True)
-PY
-for w in 0 1 2 3; do timeout "${PRECOMPILE_S:-100}" python3 "$out/build.py" $w 4 > "$out/precompile$w.log" 2>&1 & done
-wait
+FILL_S=${PRECOMPILE_S:-100} bash benchmarks/kernel_cache.sh fill 8 decode > "$out/precompile.log" 2>&1
 echo "precompile: $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
 t0=$(date +%s)
 timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kvcache.py > "$out/gpu_kvcache.log" 2>&1

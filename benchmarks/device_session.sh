@@ -18,15 +18,8 @@ bash benchmarks/kernel_cache.sh unpack | tee -a "$out/summary.txt"
 
 t0=$(date +%s)
 # What the GPU suite and the benchmarks run (dense, packed, decode): all hits when the kernel
-# cache built on the CPU machine was carried (benchmarks/kernel_cache.sh pack).  Its own
-# process group, killed whole at the deadline: `timeout` alone leaves the compile workers
-# running on every core while we time (NOTES, 2026-11-23 second session).
-setsid bash benchmarks/kernel_cache.sh fill "$jobs" > "$out/precompile.log" 2>&1 &
-fill=$!
-( sleep "${PRECOMPILE_S:-240}"; kill -KILL -- -"$fill" 2>/dev/null ) &
-watch=$!
-wait "$fill"
-kill "$watch" 2>/dev/null
+# cache built on the CPU machine was carried (benchmarks/kernel_cache.sh pack).
+FILL_S=${PRECOMPILE_S:-240} bash benchmarks/kernel_cache.sh fill "$jobs" > "$out/precompile.log" 2>&1
 echo "precompile: $(( $(date +%s) - t0 ))s, $(grep -c "s$" "$out/precompile.log") structures" | tee -a "$out/summary.txt"
 
 t0=$(date +%s)

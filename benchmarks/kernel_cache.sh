@@ -9,23 +9,42 @@
 # separate cubin cache (cuda-binaries/) is not needed there.  `fill` builds what the device sessions' GPU suites and benchmarks run (dense, packed, decode);
 # ~10 MB packed for ~150 kernels.
 #
-#   bash benchmarks/kernel_cache.sh fill [JOBS]  # here or there: build into the cache
+#   bash benchmarks/kernel_cache.sh fill [JOBS] [dense|varlen|decode ...]  # build into the cache
 #   bash benchmarks/kernel_cache.sh pack     # here: local cache -> .carry/kernels.tar.xz
 #   bash benchmarks/kernel_cache.sh unpack   # device: .carry/kernels.tar.xz -> $TILELANG_CACHE_DIR
 set -euo pipefail
 ver=$(python3 -c "import tilelang; print(tilelang.__version__.split('+')[0])" 2>/dev/null || echo 0.1.15)
 case ${1:-} in
   fill)
+    # fill [JOBS] [dense] [varlen] [decode]: the groups to build (default all three).  With
+    # FILL_S=<seconds>, a deadline: the build runs in its own process group, killed whole then
+    # (`timeout` alone leaves the compile workers running on every core while a later step
+    # times kernels: NOTES, 2026-11-23 second session).
+    if [ -n "${FILL_S:-}" ]; then
+      FILL_S= setsid bash "$0" "$@" &
+      pid=$!
+      ( sleep "$FILL_S"; kill -KILL -- -"$pid" ) > /dev/null 2>&1 &  # not holding our stdout open
+      watch=$!
+      wait "$pid"; rc=$?
+      kill "$watch" 2>/dev/null
+      exit "$rc"
+    fi
     pc="python3 -m flashtile.kernels.precompile --jobs ${2:-2}"
-    # tests/test_gpu_kernels.py, test_gpu_integration.py, test_degenerate.py, flashtile bench
-    $pc --headdim 64 96 128 192/128 256 40 200/100 --features plain --passes fwd bwd bwd-det bwd-lse
-    $pc --headdim 64 128 --dtype bfloat16 --features sinks softcap both --passes fwd bwd bwd-det bwd-lse
-    # tests/test_gpu_varlen.py, flashtile bench --varlen
-    $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det
-    $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
-    $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd
-    # tests/test_gpu_kvcache.py, benchmarks/decode_bench.py
-    $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode;;
+    groups=${*:3}; groups=${groups:-dense varlen decode}
+    for g in $groups; do
+      case $g in
+        dense)  # tests/test_gpu_kernels.py, test_gpu_integration.py, test_degenerate.py, flashtile bench
+          $pc --headdim 64 96 128 192/128 256 40 200/100 --features plain --passes fwd bwd bwd-det bwd-lse
+          $pc --headdim 64 128 --dtype bfloat16 --features sinks softcap both --passes fwd bwd bwd-det bwd-lse;;
+        varlen)  # tests/test_gpu_varlen.py, flashtile bench --varlen
+          $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det
+          $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
+          $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd;;
+        decode)  # tests/test_gpu_kvcache.py, benchmarks/decode_bench.py
+          $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode;;
+        *) echo "unknown group $g (dense, varlen, decode)" >&2; exit 2;;
+      esac
+    done;;
   pack)
     src=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver
     tar -C "$src" -cf - linux-x86_64 | xz -T2 -6 > .carry/kernels.tar.xz

@@ -8,12 +8,8 @@ set -uo pipefail
 out=${1:-${OUT:-device-out}/varlen}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} FLASHTILE_QUIET=1
-pc="python3 -m flashtile.kernels.precompile --jobs 8"
 t0=$(date +%s)
-( timeout "${PRECOMPILE_S:-100}" $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det ) > "$out/precompile.log" 2>&1 &
-( timeout "${PRECOMPILE_S:-100}" $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
-  timeout 30 $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd ) > "$out/precompile2.log" 2>&1 &
-wait
+FILL_S=${PRECOMPILE_S:-130} bash benchmarks/kernel_cache.sh fill 14 varlen > "$out/precompile.log" 2>&1
 echo "precompile: $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
 t0=$(date +%s)
 timeout "${VARLEN_TESTS_S:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_varlen.py > "$out/gpu_varlen.log" 2>&1

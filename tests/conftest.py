@@ -26,3 +26,14 @@ def _seed():
 def gen():
     """A private CPU generator, seeded, for tests that draw many tensors."""
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Modules of tiny problems: one intra-op thread (two threads on a busy 2-core CI box wait
+    ~10 ms per op); restored afterwards for the other modules.  Use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -13,13 +13,7 @@ from flashtile import bench
 from flashtile.flops import attention_flops, visible_pairs
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread (two threads on a busy 2-core box wait ~10 ms per op)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def parse(*argv: str):

@@ -11,12 +11,7 @@ from flashtile import bench, bench_varlen
 from flashtile.flops import attention_flops
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_gpu_batches_are_seeded_and_as_specified():

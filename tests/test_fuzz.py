@@ -53,14 +53,7 @@ F64 = torch.float64
 INF = float("inf")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Thousands of tiny problems: one intra-op thread is several times faster than a shared
-    pool on a loaded 2-core CI machine (restored afterwards for the other modules)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- the float64 oracle -------------------------------------------------------------------------

@@ -16,11 +16,11 @@ built to keep HBM busy, not the tensor cores:
   and a contiguous cache is the special case of one page per cache row (``page_size =
   seqlen_cache``, table = ``cache_batch_idx``).  The lookup runs once per key row, for a
   chunk of ``ROW_CHUNK_BLOCKS`` key blocks at a time (into ``row_s``), and the caches are flat
-  ``(pages * page_size, Hkv, d)`` rows, so the copies' addresses are a multiply-add: done
-  inside the copy loop, the
-  lookup was ~8 64-bit divisions per 16-byte copy (TileLang widens dynamic-shape index
-  arithmetic to 64 bits), ~13k cycles of integer work per 64 KB step and a third of the
-  HBM bandwidth on the H100 (h100-2026-11-23b/decode-first).  A tile row outside the entry's keys
+  ``(pages * page_size, Hkv, d)`` rows, so the copies' addresses are a multiply-add.  (Done
+  inside the copy loop, the lookup was ~8 64-bit divisions per 16-byte copy -- TileLang widens
+  dynamic-shape index arithmetic to 64 bits -- ~13k cycles of integer work per 64 KB step and
+  a third of the HBM bandwidth on the H100: h100-2026-11-23b/decode-first.)  A power-of-two
+  page size takes a shift instead of a division.  A tile row outside the entry's keys
   ``[leftpad, seqlen_k)`` loads the nearest valid key instead (clamped position), so stale or
   NaN cache contents past the end or before the left padding are never read; the mask gives
   those rows zero weight.  K and V rows are copied in one loop, so each step is one cp.async
@@ -91,12 +91,13 @@ def decode_kernel(
     ahead of the compute; kept as a parameter for the cache key and the tile sweeps).
 
     Kernel arguments: Q (B, Sq, H, dim); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as
-    rows (NR = pages x page_size); BlockTable (B, MB) int32 page of each logical block; SeqlensK (B,) int32
-    keys of each entry *after* the append; Leftpad (B,) int32 first visible key; O (B, Sq, H,
+    rows (NR = pages x page_size); BlockTable (B, MB) int32 page of each logical block;
+    SeqlensK (B,) int32 keys of each entry *after* the append; Leftpad (B,) int32 first visible key; O (B, Sq, H,
     dim_v), LSE (B, H, Sq) fp32 (written only when ``num_splits == 1``); Opart (P, dim_v) and
     LSEpart (P,) fp32 partials, flat ``((split * B + b) * Sq + t) * H + h`` (written only when
     ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
-    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``, ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two).
+    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``,
+    ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two).
     """
     B, Sq, H, Hkv, NR, MB, P = T.dynamic("B, Sq, H, Hkv, NR, MB, P")
     acc = T.float32

@@ -70,20 +70,20 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
         # alpha becomes the output scale, lse the log-sum-exp.
         for i in T.Parallel(block_m):
             m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
+            # l is relative to top; the output scale is num / l.  A row with l = 0 (no key and
+            # no sink, or a -inf sink) gets out 0 and lse -inf.
+            top, num = m_safe[i], 1.0
             if has_sinks:
                 sink2 = (sink.at(i) if hasattr(sink, "at") else sink) * LOG2E
                 # top is -inf only for a row that saw no key and has a -inf sink: use 0 so
-                # that the exponentials are exp2(-inf) = 0, not exp2(-inf - -inf) = NaN; such a
-                # row gets out 0 and lse -inf.
+                # that the exponentials are exp2(-inf) = 0, not exp2(-inf - -inf) = NaN.
                 top = T.max(m_safe[i], sink2)
                 top = T.if_then_else(top == neg_inf, 0, top)
                 row_sum[i] = T.exp2(m_safe[i] - top)
                 l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top)
-                alpha[i] = T.if_then_else(l[i] > 0, row_sum[i] / l[i], 0)
-                lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + top) * LN2, neg_inf)
-            else:
-                alpha[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
-                lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + m_safe[i]) * LN2, neg_inf)
+                num = row_sum[i]
+            alpha[i] = T.if_then_else(l[i] > 0, num / l[i], 0)
+            lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + top) * LN2, neg_inf)
         for i, j in T.Parallel(block_m, dim_v):
             o[i, j] *= alpha[i]
 
