@@ -45,6 +45,21 @@ CASES = [(1, 8192), (1, 131072), (8, 32768), (32, 8192), (64, 4096), (128, 2048)
 QUICK = [(1, 8192), (8, 32768)]
 
 
+LAYOUTS = (("contig", None), ("page16", 16), ("page256", 256))
+
+
+def as_layout(kc, vc, page):
+    """The contiguous caches (B, cap, Hkv, D) as flash_attn_with_kvcache's arguments for one
+    layout: themselves (page None), or the same memory as pages of ``page`` rows with a shuffled
+    block table (pages scattered).  Returns (k_cache, v_cache, extra kwargs)."""
+    if page is None:
+        return kc, vc, {}
+    B, cap = kc.shape[:2]
+    nb = cap // page
+    perm = torch.randperm(B * nb, device=kc.device).to(torch.int32)
+    return kc.view(B * nb, page, *kc.shape[2:]), vc.view(B * nb, page, *vc.shape[2:]), {"block_table": perm.view(B, nb)}
+
+
 def bench(fn):
     from triton.testing import do_bench
 
@@ -128,7 +143,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="decode-bench")
     ap.add_argument("--quick", action="store_true", help="B=1 8k and B=8 32k only")
-    ap.add_argument("--tiles", default="", help="also time these decode tiles, e.g. '64x2,128x2' (block_n x stages)")
+    ap.add_argument("--tiles", default="", help="also time these decode tiles, e.g. '64x2,128x2' (block_n x stages; graph-replayed)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import flashtile
@@ -175,18 +190,10 @@ def main(argv=None):
                 except Exception as e:  # noqa: BLE001
                     sdpa[be] = None
                     sdpa[be + "_why"] = f"{type(e).__name__}: {str(e)[:80]}"
-            for layout, page in (("contig", None), ("page16", 16), ("page256", 256)):
+            for layout, page in LAYOUTS:
                 seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
                 seqlens_append = torch.full((B,), L - sq, dtype=torch.int32, device=dev)
-                kw = {}
-                if page is None:
-                    kcache, vcache = kc, vc
-                else:
-                    # the same memory as pages; a shuffled table so pages are scattered
-                    nb = cap // page
-                    kcache, vcache = kc.view(B * nb, page, HKV, D), vc.view(B * nb, page, HKV, D)
-                    perm = torch.randperm(B * nb, device=dev).to(torch.int32)
-                    kw["block_table"] = perm.view(B, nb)
+                kcache, vcache, kw = as_layout(kc, vc, page)
                 call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
                 call_append = lambda: flash_attn_with_kvcache(q, kcache, vcache, k=knew, v=vnew, cache_seqlens=seqlens_append, causal=True, **kw)  # noqa: E731
                 out = call()
@@ -208,7 +215,7 @@ def main(argv=None):
                     try:
                         o2 = call()
                         e2 = (o2.float() - out.float()).abs().max().item()
-                        sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench(call), "diff_vs_default": e2}
+                        sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench_graph(call) or bench(call), "diff_vs_default": e2}
                     finally:
                         decode_mod.TILE_OVERRIDE = None
                 fa_t = None

@@ -15,7 +15,11 @@
 #
 # Budgets in seconds, each a hard timeout, so the whole script stays under 6 minutes (a step that
 # runs out is reported as TIMEOUT and fails the run; raise its budget on a cold machine):
-#   PRECOMPILE_S=90 WARMUP_S=75 MEMCHECK_S=60 RACECHECK_S=60 SYNCCHECK_S=40 INITCHECK_S=35
+#   PRECOMPILE_S=90 WARMUP_S=75 MEMCHECK_S=60 RACECHECK_S=60 SYNCCHECK_S=40 INITCHECK_S=150
+# initcheck runs benchmarks/initcheck_probe.py first (a TMA store and a plain store, each read by
+# PyTorch) and splits its reports by the reading kernel: flashtile's own reads of unwritten memory
+# always fail the run; PyTorch reads of flashtile outputs count as the TMA-store blind spot only
+# when the probe shows that blind spot (plain store clean, TMA store reported).
 # TOOLS="memcheck initcheck" runs a subset; CASES=<substring> restricts the driver's cases (-k).
 # PyTorch's caching allocator is off under the tools (PYTORCH_NO_CUDA_MEMORY_CACHING=1): every
 # tensor is its own cudaMalloc, so an out-of-bounds access cannot land silently in a neighbouring
@@ -68,9 +72,9 @@ grep -E '^(FAILED|not in this)' "$out/warmup.log" | tee -a "$summary"
 run_tool() {
   local tool=$1 set=$2 budget=$3
   shift 3
-  local t0 rc errors launches n line
+  local t0 rc errors launches n line saved_status=$status
   t0=$(date +%s)
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$budget" "$cs" --tool "$tool" --error-exitcode 99 --print-limit 200 "$@" \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$budget" "$cs" --tool "$tool" --error-exitcode 99 --print-limit "${PRINT_LIMIT:-200}" "$@" \
     python3 "$driver" --set "$set" "${cases[@]}" > "$out/$tool.log" 2>&1
   rc=$?
   errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$out/$tool.log" | tail -n 1 | grep -oE '[0-9]+')
@@ -86,6 +90,20 @@ run_tool() {
     99) line="$line, errors reported)"; status=1 ;;
     *) line="$line, rc=$rc)"; status=1 ;;
   esac
+  if [ "$tool" = initcheck ] && [ "${errors:-0}" != 0 ]; then
+    # Split the reports by the kernel that read: a flashtile kernel (TileLang names them
+    # main_kernel) reading unwritten memory is a bug; a PyTorch kernel reading a flashtile output
+    # is initcheck not tracking TMA stores when the probe says so and the poisoned warm-up
+    # proved every output element written.
+    local own foreign
+    own=$(grep -A1 'Uninitialized __global__' "$out/$tool.log" | grep -cE '^=+ +at (main_kernel|.*_kernel_kernel)')
+    foreign=$(( $(grep -c 'Uninitialized __global__' "$out/$tool.log") - own ))
+    line="$line; reports read by flashtile kernels: $own, by PyTorch kernels: $foreign"
+    if [ "$own" = 0 ] && [ "$rc" = 99 ] && [ "${TMA_BLIND:-0}" = 1 ]; then
+      line="$line (TMA-store blind spot: not counted as a failure)"
+      status=$saved_status
+    fi
+  fi
   local race
   race=$(grep -oE 'RACECHECK SUMMARY: .*' "$out/$tool.log" | tail -n 1)
   [ -n "$race" ] && line="$line; $race"
@@ -106,7 +124,18 @@ for tool in ${TOOLS:-memcheck racecheck synccheck initcheck}; do
     memcheck) run_tool memcheck all "${MEMCHECK_S:-60}" "${memcheck_flags[@]}" ;;
     racecheck) run_tool racecheck race "${RACECHECK_S:-60}" "${race_flags[@]}" ;;
     synccheck) run_tool synccheck all "${SYNCCHECK_S:-40}" ;;
-    initcheck) run_tool initcheck all "${INITCHECK_S:-35}" ;;
+    initcheck)
+      # First the probe (benchmarks/initcheck_probe.py): does initcheck see TMA stores at all?
+      TMA_BLIND=0
+      for store in plain tma; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 "$cs" --tool initcheck --show-backtrace no \
+          python3 "$here/initcheck_probe.py" "$store" > "$out/initcheck-probe-$store.log" 2>&1
+        n=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$out/initcheck-probe-$store.log" | grep -oE '[0-9]+$')
+        say "initcheck probe, $store store: ${n:-?} reports; $(grep -oE 'B == A: [A-Za-z]+' "$out/initcheck-probe-$store.log")"
+        eval "probe_$store=\${n:-x}"
+      done
+      [ "$probe_plain" = 0 ] && [ "$probe_tma" != 0 ] && [ "$probe_tma" != x ] && TMA_BLIND=1
+      PRINT_LIMIT=100000 run_tool initcheck all "${INITCHECK_S:-150}" --show-backtrace no ;;
     *) say "unknown tool $tool"; status=1 ;;
   esac
 done

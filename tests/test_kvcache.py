@@ -396,6 +396,15 @@ def test_split_heuristic():
                 assert waves / math.ceil(waves) >= 0.8, (ctas, n_blocks, s)
 
 
+def test_ctas_per_sm():
+    from flashtile.kernels.decode import ctas_per_sm
+
+    # 128-key blocks at d = 128 take 160 KB of shared memory: one CTA per SM; 64-key blocks two.
+    assert ctas_per_sm({"block_n": 128, "num_stages": 2}, 128, 128, 2) == 1
+    assert ctas_per_sm({"block_n": 64, "num_stages": 2}, 128, 128, 2) == 2
+    assert ctas_per_sm({"block_n": 64, "num_stages": 2}, 256, 256, 2) == 1
+
+
 # --- kernel builds (nvcc, no GPU) -----------------------------------------------------------
 
 BUILDS = [  # (d, dv, dtype, sinks, softcap): every static switch once, few compiles

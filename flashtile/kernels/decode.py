@@ -97,7 +97,8 @@ def decode_kernel(
     LSEpart (P,) fp32 partials, flat ``((split * B + b) * Sq + t) * H + h`` (written only when
     ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
     ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``,
-    ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two).
+    ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two; 31 for a
+    contiguous cache, whose visible keys all sit on page 0).
     """
     B, Sq, H, Hkv, NR, MB, P = T.dynamic("B, Sq, H, Hkv, NR, MB, P")
     acc = T.float32
@@ -272,22 +273,35 @@ def decode_config(dim: int, dim_v: int) -> dict:
     return {"block_n": 128 if dim <= 128 else 64, "num_stages": 2, "threads": 128}
 
 
-def choose_splits(ctas: int, n_blocks: int, num_sms: int) -> int:
+def choose_splits(ctas: int, n_blocks: int, slots: int) -> int:
     """Splits of each sequence's key blocks so that ``ctas * splits`` CTAs fill the GPU.
 
     ``ctas`` = CTAs without splitting (batch x kv heads x row tiles); ``n_blocks`` = key blocks
-    of the longest sequence the cache can hold (a host-side bound, so no sync).  Enough CTAs
-    for 80% of the SMs already: 1.  Otherwise flash-attn's rule: the fewest splits whose wave
-    efficiency (CTAs / (waves x SMs)) is at least 85% of the best, at most ``MAX_SPLITS`` and
-    at least two key blocks per split.  (One decode CTA per SM at the default tiles: its
-    shared memory is 144 KB.)
+    of the longest sequence the cache can hold (a host-side bound, so no sync); ``slots`` =
+    CTAs the GPU runs at once (SMs x ``ctas_per_sm``).  Enough CTAs for 80% of the slots
+    already: 1.  Otherwise flash-attn's rule: the fewest splits whose wave efficiency (CTAs /
+    (waves x slots)) is at least 85% of the best, at most ``MAX_SPLITS`` and at least two key
+    blocks per split.
     """
-    if ctas >= 0.8 * num_sms or n_blocks <= 2:
+    if ctas >= 0.8 * slots or n_blocks <= 2:
         return 1
     limit = max(1, min(MAX_SPLITS, n_blocks // 2))
-    eff = {s: (ctas * s / num_sms) / math.ceil(ctas * s / num_sms) for s in range(1, limit + 1)}
+    eff = {s: (ctas * s / slots) / math.ceil(ctas * s / slots) for s in range(1, limit + 1)}
     best = max(eff.values())
     return min(s for s in eff if eff[s] >= 0.85 * best)
+
+
+SMEM_PER_SM = 228 * 1024  # Hopper: shared memory per SM (a CTA may take 227 KB of it)
+
+
+def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
+    """Decode CTAs resident on one SM at once, bounded by shared memory: the Q tile, the K/V
+    stages and the row table, plus the 1 KB the driver reserves per CTA.  (Registers allow
+    two 128-thread CTAs at every tile here.)  128-key blocks at d = 128: 160 KB, one CTA;
+    64-key blocks: 88 KB, two."""
+    smem = (BLOCK_M * dim + cfg["num_stages"] * cfg["block_n"] * (dim + dim_v)) * itemsize
+    smem += ROW_CHUNK_BLOCKS * cfg["block_n"] * 4 + 1024
+    return max(1, min(2, SMEM_PER_SM // smem))
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool):
@@ -334,7 +348,8 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     if num_splits <= 0:
         capacity = k_cache.shape[1] * table.shape[1]
         row_tiles = -(-(h // hkv) * sq // BLOCK_M)
-        num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), target.sm_count(dev))
+        slots = target.sm_count(dev) * ctas_per_sm(cfg, d, dv, q.element_size())
+        num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), slots)
     # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.
     num_splits = max(1, min(num_splits, MAX_SPLITS, (2**31 - 1) // (b * sq * h * dv)))
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, dev)
@@ -351,7 +366,14 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         opart = debug.new_output((rows_total, dv), torch.float32, dev)
         lsepart = debug.new_output((rows_total,), torch.float32, dev)
     page_size = k_cache.shape[1]
-    page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+    if block_table is None:
+        # A contiguous cache is one page per entry: every visible key j < capacity < 2^31 is on
+        # page j >> 31 = 0, so the lookup neither divides nor needs a power-of-two capacity
+        # (a division in the row lookup cost contiguous caches 7-14% of the bandwidth of page
+        # 256: NOTES, 2026-11-23).
+        page_shift = 31
+    else:
+        page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     decode(q, k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad, out, lse,
            opart, lsepart, sinks32, score_scale, cap_in, left, right, num_splits, page_size, page_shift)
     if num_splits > 1:

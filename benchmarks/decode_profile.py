@@ -1,0 +1,58 @@
+"""Nsight Compute over single decode calls: where does a decode step's time go?
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
+        --section LaunchStats --section WarpStateStats python3 benchmarks/decode_profile.py 1:8192:1:contig 128:2048:1:page256
+
+Each argument is ``B:L:sq:layout`` (layout ``contig``, ``page16`` or ``page256``; the shapes of
+benchmarks/decode_bench.py: bf16, 32 q heads, 8 kv heads, d = 128, causal, ``L + 256`` cache rows).
+``--tiles 64x2`` forces the decode tiles (``decode.TILE_OVERRIDE``).  Each case runs once
+unprofiled (load, warm-up), then once between cudaProfilerStart/Stop, so ncu reports exactly
+that call's kernels (decode, and combine when split) in the order of the printed case labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from decode_bench import DT, HKV, LAYOUTS, D, H, as_layout  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cases", nargs="+", help="B:L:sq:layout, e.g. 1:8192:1:contig")
+    ap.add_argument("--tiles", default="", help="block_n x stages, e.g. 64x2")
+    args = ap.parse_args(argv)
+    from flashtile import flash_attn_with_kvcache
+    from flashtile.kernels import decode as decode_mod
+
+    if args.tiles:
+        decode_mod.TILE_OVERRIDE = tuple(int(x) for x in args.tiles.split("x"))
+    dev = torch.device("cuda")
+    pages = dict(LAYOUTS)
+    for case in args.cases:
+        B, L, sq, layout = case.split(":")
+        B, L, sq = int(B), int(L), int(sq)
+        kc = torch.randn(B, L + 256, HKV, D, device=dev, dtype=DT)
+        vc = torch.randn_like(kc)
+        q = torch.randn(B, sq, H, D, device=dev, dtype=DT)
+        kcache, vcache, kw = as_layout(kc, vc, pages[layout])
+        seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
+        run = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
+        run()
+        torch.cuda.synchronize()
+        print(f"case {case} tiles {args.tiles or 'default'}: {2 * kc[:, :L].numel() * DT.itemsize / 2**20:.0f} MB of K+V", flush=True)
+        torch.cuda.profiler.start()
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        del kc, vc, kcache, vcache
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
