@@ -208,8 +208,7 @@ def main(argv=None):
                     err = (out[0].float() - r).abs().max().item()
                 t = bench(call)
                 tg = bench_graph(call)
-                ta = bench(call_append)
-                sweep = {}
+                sweep = {}  # before the append below rewrites the cache's last sq rows
                 for tiles in tile_sweep:
                     decode_mod.TILE_OVERRIDE = tiles
                     try:
@@ -218,6 +217,7 @@ def main(argv=None):
                         sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench_graph(call) or bench(call), "diff_vs_default": e2}
                     finally:
                         decode_mod.TILE_OVERRIDE = None
+                ta = bench(call_append)
                 fa_t = None
                 if fa_kvcache is not None:
                     try:

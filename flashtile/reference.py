@@ -308,17 +308,25 @@ def kvcache_attention(
     cache_batch_idx: torch.Tensor | None = None,
     cache_leftpad: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (batch, seqlen_q, nheads, d) over each entry's cache keys
     ``[cache_leftpad[b], seqlens_k[b])`` (after the append), bottom-right aligned on that length,
-    by ``attention_forward`` per batch entry.  Returns out (batch, seqlen_q, nheads, d_v) and lse
-    (batch, nheads, seqlen_q), as ``attention_forward``."""
+    by ``attention_forward`` per batch entry.  An FP8 cache comes with ``k_descale`` /
+    ``v_descale`` (batch, nheads_kv) float32: entry b's keys are ``k8.float() * k_descale[b, j]``
+    for kv head j (fp8.py's convention), dequantized here before the exact attention.  Returns
+    out (batch, seqlen_q, nheads, d_v) and lse (batch, nheads, seqlen_q), as ``attention_forward``."""
     lens = seqlens_k.tolist()
     pads = [0] * q.shape[0] if cache_leftpad is None else cache_leftpad.tolist()
+    acc = accum_dtype(q.dtype)
     outs, lses = [], []
     for b in range(q.shape[0]):
         kb = kvcache_gather(k_cache, b, pads[b], lens[b], cache_batch_idx, block_table)
         vb = kvcache_gather(v_cache, b, pads[b], lens[b], cache_batch_idx, block_table)
+        if k_descale is not None:
+            kb = kb.to(acc) * k_descale[b].to(acc)[None, :, None]
+            vb = vb.to(acc) * v_descale[b].to(acc)[None, :, None]
         o, l = attention_forward(q[b : b + 1], kb[None], vb[None], softmax_scale, window, sinks, softcap)
         outs.append(o)
         lses.append(l)

@@ -63,17 +63,18 @@ BLOCK_M = 64  # query rows (group heads x tokens) per CTA: one warpgroup's WGMMA
 
 class GroupRows:
     """A decode tile's rows as the shared online softmax sees them: tile row i is query token
-    ``(r0 + i) // group`` of head ``hk * group + (r0 + i) % group`` (GQA packing).  With
-    ``sinks`` (the (H,) tensor) it hands ``softmax.finish`` each row's sink logit."""
+    ``tok_s[i] = (r0 + i) // group`` of head ``head_s[i] = hk * group + (r0 + i) % group`` (GQA
+    packing), both looked up once per CTA into shared memory.  With ``sinks`` (the (H,) tensor)
+    it hands ``softmax.finish`` each row's sink logit."""
 
-    def __init__(self, r0, group, hk, sinks=None):
-        self.r0, self.group, self.hk, self.sinks = r0, group, hk, sinks
+    def __init__(self, tok_s, head_s, sinks=None):
+        self.tok_s, self.head_s, self.sinks = tok_s, head_s, sinks
 
     def query(self, i):
-        return (self.r0 + i) // self.group
+        return self.tok_s[i]
 
     def at(self, i):
-        return self.sinks[self.hk * self.group + (self.r0 + i) % self.group]
+        return self.sinks[self.head_s[i]]
 
 
 @tilelang.jit(target=TARGET, pass_configs=DECODE_PASS_CONFIGS)
@@ -90,17 +91,18 @@ def decode_kernel(
     """Build the split-KV decode PrimFunc (``num_stages``: 2, the row lookup and copy one step
     ahead of the compute; kept as a parameter for the cache key and the tile sweeps).
 
-    Kernel arguments: Q (B, Sq, H, dim); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as
-    rows (NR = pages x page_size); BlockTable (B, MB) int32 page of each logical block;
-    SeqlensK (B,) int32 keys of each entry *after* the append; Leftpad (B,) int32 first visible key; O (B, Sq, H,
-    dim_v), LSE (B, H, Sq) fp32 (written only when ``num_splits == 1``); Opart (P, dim_v) and
-    LSEpart (P,) fp32 partials, flat ``((split * B + b) * Sq + t) * H + h`` (written only when
-    ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
+    Kernel arguments: Q (RQ, dim), the (B, Sq, H, dim) queries as rows ``(b * Sq + t) * H + h``
+    (RQ = B x Sq x H); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as rows (NR = pages x
+    page_size); BlockTable (B, MB) int32 page of each logical block; SeqlensK (B,) int32 keys of
+    each entry *after* the append; Leftpad (B,) int32 first visible key; O (RQ, dim_v) rows like
+    Q and LSE (RQ,) fp32, the (B, H, Sq) lse flat (both written only when ``num_splits == 1``);
+    Opart (P, dim_v) and LSEpart (P,) fp32 partials, row ``split * RQ + (b * Sq + t) * H + h``
+    (written only when ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
     ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``,
     ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two; 31 for a
-    contiguous cache, whose visible keys all sit on page 0).
+    contiguous cache, whose visible keys all sit on page 0), ``Sq`` query tokens per entry.
     """
-    B, Sq, H, Hkv, NR, MB, P = T.dynamic("B, Sq, H, Hkv, NR, MB, P")
+    B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
     acc = T.float32
     block_m = BLOCK_M
     kv_width = max(dim, dim_v)
@@ -121,14 +123,14 @@ def decode_kernel(
 
     @T.prim_func
     def main(
-        Q: T.Tensor([B, Sq, H, dim], dtype),
+        Q: T.Tensor([RQ, dim], dtype),
         K: T.Tensor([NR, Hkv, dim], dtype),
         V: T.Tensor([NR, Hkv, dim_v], dtype),
         BlockTable: T.Tensor([B, MB], T.int32),
         SeqlensK: T.Tensor([B], T.int32),
         Leftpad: T.Tensor([B], T.int32),
-        O: T.Tensor([B, Sq, H, dim_v], dtype),
-        LSE: T.Tensor([B, H, Sq], acc),
+        O: T.Tensor([RQ, dim_v], dtype),
+        LSE: T.Tensor([RQ], acc),
         Opart: T.Tensor([P, dim_v], acc),
         LSEpart: T.Tensor([P], acc),
         Sinks: T.Tensor([H], acc),
@@ -139,6 +141,7 @@ def decode_kernel(
         num_splits: T.int32,
         page_size: T.int32,
         page_shift: T.int32,
+        Sq: T.int32,
     ):
         with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
             group = T.alloc_var(T.int32, H // Hkv)
@@ -147,6 +150,14 @@ def decode_kernel(
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
             row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
+            # Each tile row's query token, head, and its rows in Q/O and in the (B, H, Sq) lse:
+            # divided out once here, so no copy or store below divides (TileLang widens index
+            # arithmetic to 64 bits; 64-bit divisions inlined in unrolled copy/store loops made
+            # the kernel 250 KB of SASS, whose instruction fetch dominated short caches: NOTES).
+            tok_s = T.alloc_shared([block_m], T.int32)
+            head_s = T.alloc_shared([block_m], T.int32)
+            qrow_s = T.alloc_shared([block_m], T.int32)
+            lrow_s = T.alloc_shared([block_m], T.int32)
             s = T.alloc_fragment([block_m, block_n], acc)
             p = T.alloc_fragment([block_m, block_n], dtype)
             o = T.alloc_fragment([block_m, dim_v], acc)
@@ -177,11 +188,17 @@ def decode_kernel(
             my_blocks = T.alloc_var(T.int32, T.max(T.min(per_split, n_blocks - split * per_split), 0))
             # The entry as masks.py sees it: Sq query tokens, keys [lp, seqlen_k).
             mask = TileMask(Sequence(False, b, Sq, seqlen_k, key_lo=lp, off=off), left, right)
-            tile_rows = GroupRows(r0, group, hk)
+            tile_rows = GroupRows(tok_s, head_s)
 
+            for i in T.Parallel(block_m):
+                tok_s[i] = (r0 + i) // group
+                head_s[i] = hk * group + (r0 + i) % group
+            for i in T.Parallel(block_m):
+                # Rows past the tile's real rows point at row 0; they are never stored.
+                qrow_s[i] = T.if_then_else(r0 + i < rows, (b * Sq + tok_s[i]) * H + head_s[i], 0)
+                lrow_s[i] = T.if_then_else(r0 + i < rows, (b * H + head_s[i]) * Sq + tok_s[i], 0)
             for i, c in T.Parallel(block_m, dim):
-                r = r0 + i
-                q_s[i, c] = T.if_then_else(r < rows, Q[b, r // group, hk * group + r % group, c], T.cast(0, dtype))
+                q_s[i, c] = T.if_then_else(r0 + i < rows, Q[qrow_s[i], c], T.cast(0, dtype))
             T.clear(o)
             T.clear(l)
             T.fill(m, neg_inf)
@@ -190,14 +207,21 @@ def decode_kernel(
             # threads, into row_s), then the chunk's blocks stream through the pipeline.  Inside
             # the pipelined loop the lookup would be planned into the compute stage (it is not
             # a plain copy), after the copy that reads it.
+            tx = T.get_thread_binding(0)
+            # The key and its page as registers (alloc_var), so each is computed once; as plain
+            # expressions TileLang inlines them into every use (5 copies, 2 of them in 64 bits).
+            j = T.alloc_var(T.int32)
+            pg = T.alloc_var(T.int32)
             for ch in T.serial(T.ceildiv(my_blocks, chunk)):
-                for i in T.Parallel(chunk * block_n):
+                # A per-thread loop, not T.Parallel: unrolled, the lookup with both page branches
+                # was a large share of the kernel's code.
+                for it in T.serial(chunk * block_n // threads):
                     # Only the rows of this CTA's blocks (a split may hold a few blocks only).
-                    if i < (my_blocks - ch * chunk) * block_n:
-                        j = T.min(T.max((kb_first + ch * chunk) * block_n + i, lp), seqlen_k - 1)  # a key of this entry, see above
+                    if it * threads + tx < (my_blocks - ch * chunk) * block_n:
+                        j = T.min(T.max((kb_first + ch * chunk) * block_n + it * threads + tx, lp), seqlen_k - 1)  # a key of this entry, see above
                         # A power-of-two page size (page_shift >= 0) takes a shift, not a division.
                         pg = T.if_then_else(page_shift >= 0, T.shift_right(j, page_shift), j // page_size)
-                        row_s[i] = BlockTable[b, pg] * page_size + (j - pg * page_size)
+                        row_s[it * threads + tx] = BlockTable[b, pg] * page_size + (j - pg * page_size)
                 for it in T.Pipelined(T.min(chunk, my_blocks - ch * chunk), num_stages=num_stages):
                     n0 = (kb_first + ch * chunk + it) * block_n
                     # K and V rows in one loop: one cp.async group per step (two groups trip a
@@ -223,25 +247,21 @@ def decode_kernel(
             # Epilogue (softmax.py's): O normalised, lse in natural log; the sink folded in
             # here with one split, by the combine kernel otherwise.
             if num_splits == 1:
-                finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(r0, group, hk, Sinks), score_scale)
+                finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(tok_s, head_s, Sinks), score_scale)
                 for i, c in T.Parallel(block_m, dim_v):
-                    r = r0 + i
-                    if r < rows:
-                        O[b, r // group, hk * group + r % group, c] = T.cast(o[i, c], dtype)
+                    if r0 + i < rows:
+                        O[qrow_s[i], c] = T.cast(o[i, c], dtype)
                 for i in T.Parallel(block_m):
-                    r = r0 + i
-                    if r < rows:
-                        LSE[b, hk * group + r % group, r // group] = lse[i]
+                    if r0 + i < rows:
+                        LSE[lrow_s[i]] = lse[i]
             else:
                 finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, score_scale)
                 for i, c in T.Parallel(block_m, dim_v):
-                    r = r0 + i
-                    if r < rows:
-                        Opart[((split * B + b) * Sq + r // group) * H + hk * group + r % group, c] = o[i, c]
+                    if r0 + i < rows:
+                        Opart[split * RQ + qrow_s[i], c] = o[i, c]
                 for i in T.Parallel(block_m):
-                    r = r0 + i
-                    if r < rows:
-                        LSEpart[((split * B + b) * Sq + r // group) * H + hk * group + r % group] = lse[i]
+                    if r0 + i < rows:
+                        LSEpart[split * RQ + qrow_s[i]] = lse[i]
 
     return main
 
@@ -249,7 +269,7 @@ def decode_kernel(
 # --- host side ------------------------------------------------------------------------------
 
 MAX_SPLITS = 128
-# Key blocks whose cache rows are looked up at once (row_s: 16 KB at 128-key blocks); each chunk
+# Key blocks whose cache rows are looked up at once (row_s: 8 KB at 64-key blocks); each chunk
 # restarts the K/V pipeline, so about 1/ROW_CHUNK_BLOCKS of the loads are not overlapped.
 ROW_CHUNK_BLOCKS = 32
 
@@ -259,18 +279,21 @@ TILE_OVERRIDE: tuple[int, int] | None = None
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
-    """Tiles for one head-dim pair: 128-key blocks up to d = 128, 64 above (shared memory),
-    32 when ``dim != dim_v`` (registers).
+    """Tiles for one head-dim pair: 64-key blocks, 32 when ``dim != dim_v`` (registers).
 
-    Two stages only: with more, TileLang 0.1.15's pipeline epilogue emits a non-constant
-    ``cp.async.wait_group`` that fails in codegen (and explicit unrolling, the way around it,
-    did not finish compiling in 10 minutes).  Not yet tuned on a GPU.
+    64 keys, not 128: at d <= 128 a CTA then takes 88 KB of shared memory, so two CTAs share an
+    SM and one's prologue and epilogue overlap the other's streaming.  Measured on an H100
+    (`h100-2026-11-23c/`, d = 128, graph-replayed): B=128 2k 62% -> 88% of the read bandwidth,
+    B=64 4k 78% -> 93%, B=32 8k 86% -> 96%, B=64 32k 97% -> 100%.  Two stages only: with
+    more, TileLang 0.1.15's pipeline epilogue emits a non-constant ``cp.async.wait_group``
+    that fails in codegen (and explicit unrolling, the way around it, did not finish
+    compiling in 10 minutes).
     """
     if TILE_OVERRIDE is not None:
         return {"block_n": TILE_OVERRIDE[0], "num_stages": TILE_OVERRIDE[1], "threads": 128}
     if dim != dim_v:  # synchronous loads (see the module docstring): 64 keys spill 1.2 KB, 32 keys 24 B
         return {"block_n": 32, "num_stages": 2, "threads": 128}
-    return {"block_n": 128 if dim <= 128 else 64, "num_stages": 2, "threads": 128}
+    return {"block_n": 64, "num_stages": 2, "threads": 128}
 
 
 def choose_splits(ctas: int, n_blocks: int, slots: int) -> int:
@@ -337,12 +360,12 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         return out, lse
     q = q.contiguous()
     if block_table is None:
-        rows = torch.arange(b, dtype=torch.int32, device=dev) if cache_batch_idx is None else cache_batch_idx
+        rows = int32_constant("arange", b, dev) if cache_batch_idx is None else cache_batch_idx
         table = rows.reshape(b, 1).to(torch.int32)
     else:
         table = block_table
     table = table.contiguous()
-    leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else torch.zeros(b, dtype=torch.int32, device=dev)
+    leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     cfg = decode_config(d, dv)
     decode, combine = get_decode_kernels(d, dv, str(q.dtype).removeprefix("torch."), sinks is not None, softcap > 0)
     if num_splits <= 0:
@@ -374,11 +397,35 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         page_shift = 31
     else:
         page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
-    decode(q, k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad, out, lse,
-           opart, lsepart, sinks32, score_scale, cap_in, left, right, num_splits, page_size, page_shift)
+    # Q, O and lse as flat rows (the kernels' layout: no index division per element).
+    out_rows, lse_rows = out.view(-1, dv), lse.view(-1)
+    decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
+           out_rows, lse_rows, opart, lsepart, sinks32, score_scale, cap_in, left, right, num_splits, page_size,
+           page_shift, sq)
     if num_splits > 1:
-        combine(opart, lsepart, out, lse, sinks32, num_splits)
+        combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, num_splits)
     return out, lse
+
+
+_CONSTANTS: dict = {}
+
+
+def int32_constant(kind: str, n: int, device):
+    """``arange(n)`` or ``zeros(n)`` (int32) on ``device``, sliced from one tensor per (kind,
+    device) that grows as needed, so a decode step launches no fill kernel for its default
+    table and left padding (in a CUDA graph each is a ~2 us kernel of its own, a tenth of a
+    B = 1 step: NOTES).  During graph capture they are made fresh instead: a tensor filled
+    inside a capture holds its values only once the graph replays."""
+    import torch
+
+    make = torch.arange if kind == "arange" else torch.zeros
+    if torch.cuda.is_current_stream_capturing():
+        return make(n, dtype=torch.int32, device=device)
+    key = (kind, str(device))
+    t = _CONSTANTS.get(key)
+    if t is None or t.numel() < n:
+        t = _CONSTANTS[key] = make(max(n, 64), dtype=torch.int32, device=device)
+    return t[:n]
 
 
 def unsupported_reason(q, k_cache, v_cache):
