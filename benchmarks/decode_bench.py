@@ -114,6 +114,47 @@ def reference_entry0(q, kc, vc, L, sq):
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v0)
 
 
+def quantize_cache(kc):
+    """kc (B, cap, Hkv, D) -> (float8_e4m3fn copy, descale (B, Hkv) float32), amax scaling per
+    (entry, kv head), one entry at a time (no full-size float32 temporary)."""
+    kd = torch.stack([kc[b].abs().amax(dim=(0, 2)).float() / 448 for b in range(kc.shape[0])]).clamp_min(1e-12)
+    k8 = torch.empty(kc.shape, dtype=torch.float8_e4m3fn, device=kc.device)
+    for b in range(kc.shape[0]):
+        k8[b] = (kc[b].float() / kd[b][None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return k8, kd
+
+
+def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
+    """FP8-cache rows (contiguous and page 256) beside the bf16 ones: graph time, % of the
+    bandwidth for the FP8 bytes, and the speed-up over the bf16 cache in the same layout."""
+    from flashtile import flash_attn_with_kvcache
+
+    B = kc.shape[0]
+    k8, kd = quantize_cache(kc)
+    v8, vd = quantize_cache(vc)
+    seqlens = torch.full((B,), L, dtype=torch.int32, device=kc.device)
+    kv_bytes = 2 * B * L * HKV * D  # one byte per element
+    io_bytes = kv_bytes + 2 * q.numel() * DT.itemsize
+    for layout, page in (("contig", None), ("page256", 256)):
+        kcache, vcache, kw = as_layout(k8, v8, page)
+        call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
+                                               k_descale=kd, v_descale=vd, **kw)
+        out = call()
+        deq = lambda x8, d: (x8[0:1, :L].float() * d[0][None, None, :, None])  # noqa: E731
+        err = (out[0].float() - reference_entry0(q, deq(k8, kd), deq(v8, vd), L, sq)).abs().max().item()
+        tg = bench_graph(call) or bench(call)
+        ref = bf16_rows.get(layout, {})
+        t16 = ref.get("flashtile_graph_s") or ref.get("flashtile_s")
+        rows.append(dict(batch=B, seqlen_cache=L, seqlen_q=sq, layout=f"{layout}-fp8", cache_mb=kv_bytes / 2**20,
+                         flashtile_s=tg, flashtile_graph_s=tg, flashtile_append_s=None,
+                         flashtile_gbs=io_bytes / tg / 1e9, flashtile_pct_bw=100 * io_bytes / tg / bw,
+                         speedup_vs_bf16_cache=(t16 / tg) if t16 else None, err_vs_fp32=err, wrong=err > 5e-2,
+                         cudnn_s=None, cudnn_graph_s=None, flash_s=None, fa_s=None, sdpa_notes={}, tiles={}))
+        print(f"{B:>3} {L:>7} {sq:>2} {layout + '-fp8':>12} {kv_bytes / 2**20:7.0f} | graph {tg * 1e6:9.1f} us "
+              f"{100 * io_bytes / tg / bw:5.1f} %bw, {t16 / tg if t16 else float('nan'):.2f}x the bf16 cache | err {err:.1e}"
+              f"{' WRONG' if err > 5e-2 else ''}", flush=True)
+
+
 def write(out_dir, rows, props, bw):
     """decode.json and decode.md under out_dir (rewritten after every case, so a timeout keeps what ran)."""
     import flashtile
@@ -135,7 +176,7 @@ def write(out_dir, rows, props, bw):
             p = lambda s: f"{100 * io / s / bw:.1f}" if s else "-"  # noqa: E731
             f.write(f"| {r['batch']} | {r['seqlen_cache']} | {r['seqlen_q']} | {r['layout']} | {r['cache_mb']:.0f} | "
                     f"{r['flashtile_s'] * 1e6:.1f} | {c(r['flashtile_graph_s'])} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
-                    f"{r['flashtile_append_s'] * 1e6:.1f} | {c(r['cudnn_s'])} | {c(r['cudnn_graph_s'])} | {p(r['cudnn_graph_s'] or r['cudnn_s'])} | {c(r['flash_s'])} | "
+                    f"{c(r['flashtile_append_s'])} | {c(r['cudnn_s'])} | {c(r['cudnn_graph_s'])} | {p(r['cudnn_graph_s'] or r['cudnn_s'])} | {c(r['flash_s'])} | "
                     f"{p(r['flash_s'])} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
 
 
@@ -143,6 +184,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="decode-bench")
     ap.add_argument("--quick", action="store_true", help="B=1 8k and B=8 32k only")
+    ap.add_argument("--fp8", action="store_true", help="also an FP8 (float8_e4m3fn) copy of each cache, contiguous and page 256")
     ap.add_argument("--tiles", default="", help="also time these decode tiles, e.g. '64x2,128x2' (block_n x stages; graph-replayed)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -246,6 +288,9 @@ def main(argv=None):
                 write(args.out, rows, props, bw)
                 for name, r in sweep.items():
                     print(f"{'':>33}tiles {name}: {r['s'] * 1e6:9.1f} us {100 * io_bytes / r['s'] / bw:5.1f} %bw (diff {r['diff_vs_default']:.1e})", flush=True)
+            if args.fp8:
+                fp8_rows(rows, q, kc, vc, L, sq, bw, {r["layout"]: r for r in rows[-len(LAYOUTS):]})
+                write(args.out, rows, props, bw)
         del kc, vc
     write(args.out, rows, props, bw)
     print(f"wrote {args.out}/decode.json and decode.md")

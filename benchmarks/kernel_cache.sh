@@ -41,7 +41,8 @@ case ${1:-} in
           $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
           $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd;;
         decode)  # tests/test_gpu_kvcache.py, benchmarks/decode_bench.py
-          $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode;;
+          $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode
+          $pc --headdim 64 128 192/128 --features plain both --passes decode-fp8;;
         *) echo "unknown group $g (dense, varlen, decode)" >&2; exit 2;;
       esac
     done;;

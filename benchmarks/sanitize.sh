@@ -99,6 +99,8 @@ run_tool() {
     own=$(grep -A1 'Uninitialized __global__' "$out/$tool.log" | grep -cE '^=+ +at (main_kernel|.*_kernel_kernel)')
     foreign=$(( $(grep -c 'Uninitialized __global__' "$out/$tool.log") - own ))
     line="$line; reports read by flashtile kernels: $own, by PyTorch kernels: $foreign"
+    python3 "$here/initcheck_attribution.py" "$out/$tool.log" > "$out/initcheck-cases.txt" 2>&1
+    head -n 40 "$out/initcheck-cases.txt" >> "$summary"
     if [ "$own" = 0 ] && [ "$rc" = 99 ] && [ "${TMA_BLIND:-0}" = 1 ]; then
       line="$line (TMA-store blind spot: not counted as a failure)"
       status=$saved_status
@@ -127,12 +129,12 @@ for tool in ${TOOLS:-memcheck racecheck synccheck initcheck}; do
     initcheck)
       # First the probe (benchmarks/initcheck_probe.py): does initcheck see TMA stores at all?
       TMA_BLIND=0
-      for store in plain tma; do
+      for store in plain tma tma-tilelang-read; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 "$cs" --tool initcheck --show-backtrace no \
           python3 "$here/initcheck_probe.py" "$store" > "$out/initcheck-probe-$store.log" 2>&1
-        n=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$out/initcheck-probe-$store.log" | grep -oE '[0-9]+$')
+        n=$(grep -oE 'ERROR SUMMARY: [0-9]+ errors?$' "$out/initcheck-probe-$store.log" | tail -n 1 | grep -oE '[0-9]+')
         say "initcheck probe, $store store: ${n:-?} reports; $(grep -oE 'B == A: [A-Za-z]+' "$out/initcheck-probe-$store.log")"
-        eval "probe_$store=\${n:-x}"
+        eval "probe_${store//-/_}=\${n:-x}"
       done
       [ "$probe_plain" = 0 ] && [ "$probe_tma" != 0 ] && [ "$probe_tma" != x ] && TMA_BLIND=1
       PRINT_LIMIT=100000 run_tool initcheck all "${INITCHECK_S:-150}" --show-backtrace no ;;

@@ -57,6 +57,7 @@ class Case:
     lse_grad: bool = False
     dtype: torch.dtype = torch.bfloat16
     override: str | None = None  # "auto-fwd": the auto-pipelined forward through configs.overrides
+    fp8_cache: bool = False  # kvcache: a float8_e4m3fn cache with k/v descales
     shapes: tuple = tuple(SHAPES)
     kind: str = "dense"  # "dense", "varlen", "kvcache", "nonfinite"
     extra: dict = field(default_factory=dict, hash=False, compare=False)
@@ -82,6 +83,7 @@ CASES = [
     Case("varlen d64 window seqused det", d=64, window=(8, 0), deterministic=True, kind="varlen", extra={"seqused": True}),
     Case("kvcache d128 gqa4 paged1", d=128, h=8, hkv=2, causal=True, kind="kvcache"),
     Case("kvcache d64 sinks window", d=64, h=4, hkv=4, window=(8, 0), sinks=True, kind="kvcache"),
+    Case("kvcache d128 gqa4 paged1 fp8-cache", d=128, h=8, hkv=2, causal=True, kind="kvcache", fp8_cache=True),
     Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),
 ]
 
@@ -256,6 +258,11 @@ def run_kvcache(case: Case, sq: int, sk: int, check: bool, gen, failures):
     lens = torch.tensor([sk] + [max(sk - 1, 0)] * (b - 1), dtype=torch.int32)
     sinks = _rand(gen, case.h, dtype=torch.float32, device="cpu") if case.sinks else None
     opts = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, sinks=sinks, return_lse=True)
+    if case.fp8_cache:  # FP8 bytes and descales drawn directly (their meaning: value = byte x descale)
+        fp8 = torch.float8_e4m3fn
+        k_cache, v_cache = ((c.float() * 16).clamp(-448, 448).to(fp8) for c in (k_cache, v_cache))
+        opts["k_descale"] = 0.01 + torch.rand(b, case.hkv, generator=gen) * 0.02
+        opts["v_descale"] = 0.01 + torch.rand(b, case.hkv, generator=gen) * 0.02
     lens2 = lens + sq
     lens2[-1] = 0
     pad = torch.zeros(b, dtype=torch.int32)
@@ -281,7 +288,8 @@ def run_kvcache(case: Case, sq: int, sk: int, check: bool, gen, failures):
     _sync()
     if not check:
         return
-    want = calls("cpu", (cpu_caches[0].float(), cpu_caches[1].float()), torch.float32)  # the reference path
+    up = (lambda c: c) if case.fp8_cache else (lambda c: c.float())  # noqa: E731 - FP8 stays FP8 (dequantized there)
+    want = calls("cpu", (up(cpu_caches[0]), up(cpu_caches[1])), torch.float32)  # the reference path
     for i, ((o, l), (ro, rl)) in enumerate(zip(got, want)):
         _compare(f"kvcache call {i + 1} out", o, ro, _tol(case.dtype), failures)
         _compare(f"kvcache call {i + 1} lse", l, rl, _tol(case.dtype), failures)

@@ -1,9 +1,10 @@
 """``flash_attn_with_kvcache``: attention of new query tokens over a (paged) KV cache, with an
 in-place append of the new keys/values and optional rotary embedding (flash-attn's semantics).
 
-Inference only: there is no gradient through this op (as in flash-attn).  The work is one
-``torch.library`` custom op, ``flashtile::kvcache_fwd``, declared to mutate ``k_cache`` and
-``v_cache`` and given a fake implementation, so ``torch.compile(fullgraph=True)`` traces it.
+Inference only: there is no gradient through it (as in flash-attn).  The work is two
+``torch.library`` custom ops with fake implementations, so ``torch.compile(fullgraph=True)``
+traces a call: ``flashtile::kvcache_append`` (declared to mutate ``k_cache`` and ``v_cache``)
+and ``flashtile::kvcache_fwd`` (pure: the attention).
 
 Steps (the same on CPU and CUDA; only the last one differs):
 1. rotary (if ``rotary_cos``/``rotary_sin``): new k at positions ``cache_seqlens[b] + i``; q at
@@ -32,6 +33,8 @@ from .validation import check_scale, check_sinks, check_softcap, check_window, d
 
 FN = "flash_attn_with_kvcache"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FP8 = torch.float8_e4m3fn  # an FP8 KV cache (with k_descale / v_descale)
+FP8_MAX = 448.0
 MAX_HEADDIM = 256
 
 
@@ -63,17 +66,20 @@ def _int_tensor(name, x, shape, layout, device):
 
 
 def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-             block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse):
+             block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse,
+             k_descale=None, v_descale=None):
     """Refuse bad input before any work (ValueError/TypeError naming argument, expectation, value)."""
     _tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     paged = block_table is not None
     cache_layout = "(num_blocks, page_size, nheads_kv, headdim)" if paged else "(batch_cache, seqlen_cache, nheads_kv, headdim)"
-    _tensor("k_cache", k_cache, 4, cache_layout)
-    _tensor("v_cache", v_cache, 4, cache_layout.replace("headdim)", "headdim_v)"))
+    _tensor("k_cache", k_cache, 4, cache_layout, DTYPES + (FP8,))
+    _tensor("v_cache", v_cache, 4, cache_layout.replace("headdim)", "headdim_v)"), DTYPES + (FP8,))
     dev = q.device
+    fp8 = k_cache.dtype == FP8
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dtype != q.dtype:
-            _fail(TypeError, f"{name}.dtype", f"q's dtype {q.dtype}", x.dtype)
+        want = FP8 if fp8 else q.dtype
+        if x.dtype != want:
+            _fail(TypeError, f"{name}.dtype", f"q's dtype {q.dtype} or float8_e4m3fn for both caches", x.dtype)
         if x.device != dev:
             _fail(ValueError, f"{name}.device", f"q's device {dev}", x.device)
         if x.stride(-1) != 1 and x.numel() > 0:  # an empty cache's strides mean nothing
@@ -110,6 +116,21 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         capacity = page
         if cache_batch_idx is None and nblocks != b:
             _fail(ValueError, "k_cache.shape[0] (batch_cache)", f"q's batch {b} when cache_batch_idx is None", nblocks)
+    for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if not fp8:
+            if x is not None:
+                _fail(ValueError, name, "None (descales go with a float8_e4m3fn cache)", describe(x))
+            continue
+        if x is None:
+            _fail(ValueError, name, "a float32 tensor (batch, nheads_kv) for a float8_e4m3fn cache", "None")
+        if not isinstance(x, torch.Tensor):
+            _fail(TypeError, name, "a torch.Tensor", describe(x))
+        if x.dtype != torch.float32:
+            _fail(TypeError, f"{name}.dtype", "torch.float32", x.dtype)
+        if tuple(x.shape) != (b, hkv):
+            _fail(ValueError, name, f"shape (batch, nheads_kv) = ({b}, {hkv})", f"shape {tuple(x.shape)}")
+        if x.device != dev:
+            _fail(ValueError, f"{name}.device", f"q's device {dev}", x.device)
     if cache_batch_idx is not None:
         _int_tensor("cache_batch_idx", cache_batch_idx, (b,), "(batch,)", dev)
     if cache_leftpad is not None:
@@ -248,9 +269,16 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interle
     return torch.cat((rot.to(x.dtype), x[..., 2 * half :]), dim=-1)
 
 
-def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table) -> None:
-    """Write k/v (b, s_new, h_kv, d) into the caches in place at ``cache_seqlens[b] + i``."""
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale=None,
+              v_descale=None) -> None:
+    """Write k/v (b, s_new, h_kv, d) into the caches in place at ``cache_seqlens[b] + i``; into
+    an FP8 cache quantized with the entry's descales (``x / descale[b, j]``, rounded to nearest,
+    saturated at +-448: a token outside the scale's range is clipped, so choose descales with
+    headroom)."""
     b, snew = k.shape[:2]
+    if k_cache.dtype == FP8:
+        k = (k.float() / k_descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        v = (v.float() / v_descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     pos = cache_seqlens.long()[:, None] + torch.arange(snew, device=k.device)
     if block_table is None:
         rows = torch.arange(b, device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
@@ -262,43 +290,57 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tabl
     v_cache.index_put_(index, v)
 
 
-def _impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-          sinks, softmax_scale, window_left, window_right, softcap, rotary_interleaved, num_splits):
-    b, sq = q.shape[:2]
-    snew = 0 if k is None else k.shape[1]
-    if rotary_cos is not None:
-        base = cache_seqlens.long()[:, None]
-        per_token = window_left >= 0 or window_right >= 0  # causal or local
-        qpos = base + (torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device))
-        q = apply_rotary(q, rotary_cos, rotary_sin, qpos, rotary_interleaved)
-        k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)
-    if snew:
-        append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
-    seqlens_k = cache_seqlens + snew if snew else cache_seqlens
+def _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks, softmax_scale,
+            window_left, window_right, softcap, num_splits, k_descale, v_descale):
     window = (window_left, window_right)
     if q.device.type == "cuda":
         from .kernels.decode import launch_decode
 
         out, lse = launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
-                                 sinks, softmax_scale, window, softcap, num_splits)
+                                 sinks, softmax_scale, window, softcap, num_splits, k_descale, v_descale)
     elif q.device.type == "cpu":
         out, lse = reference.kvcache_attention(q, k_cache, v_cache, seqlens_k, softmax_scale, window, sinks, softcap,
-                                               cache_batch_idx, cache_leftpad, block_table)
+                                               cache_batch_idx, cache_leftpad, block_table, k_descale, v_descale)
     else:
         raise NotImplementedError(f"{FN}: no implementation for device type {q.device.type!r}")
     return out.contiguous(), lse.contiguous()
 
 
-@torch.library.custom_op("flashtile::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
+# Two custom ops, not one: the append is the only mutation, and PyTorch's ADInplaceOrView
+# kernel for a mutating custom op rebuilds the schema's argument list once per argument
+# (torch._library.utils.fill_defaults), quadratic in the argument count: ~150 us per eager call
+# with the 20 arguments of a single op, measured on this CPU.  A decode step without new tokens
+# now pays no mutation path at all, and the append op has 9 arguments.
+
+
+@torch.library.custom_op("flashtile::kvcache_append", mutates_args=("k_cache", "v_cache"))
+def kvcache_append(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache_seqlens: Tensor,
+    cache_batch_idx: Optional[Tensor],
+    block_table: Optional[Tensor],
+    k_descale: Optional[Tensor],
+    v_descale: Optional[Tensor],
+) -> None:
+    """Write k/v into the caches in place at ``cache_seqlens`` (``append_kv``)."""
+    with torch.no_grad():
+        append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
+
+
+@kvcache_append.register_fake
+def _(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale):
+    return None
+
+
+@torch.library.custom_op("flashtile::kvcache_fwd", mutates_args=())
 def kvcache_fwd(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    k: Optional[Tensor],
-    v: Optional[Tensor],
-    rotary_cos: Optional[Tensor],
-    rotary_sin: Optional[Tensor],
-    cache_seqlens: Tensor,
+    seqlens_k: Tensor,
     cache_batch_idx: Optional[Tensor],
     cache_leftpad: Optional[Tensor],
     block_table: Optional[Tensor],
@@ -307,18 +349,19 @@ def kvcache_fwd(
     window_left: int,
     window_right: int,
     softcap: float,
-    rotary_interleaved: bool,
     num_splits: int,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of ``flash_attn_with_kvcache``; appends k/v to the caches in place."""
+    """(out, lse) of q over cache positions ``[cache_leftpad, seqlens_k)`` (after any append)."""
     with torch.no_grad():
-        return _impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                     block_table, sinks, softmax_scale, window_left, window_right, softcap, rotary_interleaved, num_splits)
+        return _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                       softmax_scale, window_left, window_right, softcap, num_splits, k_descale, v_descale)
 
 
 @kvcache_fwd.register_fake
-def _(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-      sinks, softmax_scale, window_left, window_right, softcap, rotary_interleaved, num_splits):
+def _(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks, softmax_scale, window_left,
+      window_right, softcap, num_splits, k_descale=None, v_descale=None):
     b, sq, h, _ = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     return q.new_empty(b, sq, h, v_cache.shape[-1]), q.new_empty(b, h, sq, dtype=acc)
@@ -344,6 +387,8 @@ def flash_attn_with_kvcache(
     rotary_interleaved: bool = True,
     num_splits: int = 0,
     return_lse: bool = False,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
 ):
     """Attention of ``q`` over a KV cache, appending new keys/values in place (decoding).
 
@@ -378,12 +423,19 @@ def flash_attn_with_kvcache(
         num_splits: key-range splits per sequence on CUDA (0 = heuristic from batch, heads,
             cache length and the SM count; 1 = no split); ignored on CPU.
         return_lse: also return lse (batch, nheads, seqlen_q) float32, natural log.
+        k_descale, v_descale: with an FP8 cache (k_cache and v_cache in float8_e4m3fn), float32
+            (batch, nheads_kv): entry b's cached keys of kv head j stand for
+            ``k8.float() * k_descale[b, j]`` (flash-attn 3's convention; ``flashtile.fp8``).
+            New k/v (in q's dtype) are quantized with them when appended (``k / k_descale``,
+            saturated at +-448).  q and the output stay in q's dtype; CUDA needs bf16/fp16 q.
+            None otherwise.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or ``(out, lse)``.
     """
     validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-             block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse)
+             block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse,
+             k_descale, v_descale)
     if not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
     if softmax_scale is None:
@@ -391,7 +443,20 @@ def flash_attn_with_kvcache(
     left, right = (int(w) for w in window_size)
     if causal:
         right = 0
-    out, lse = kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                           cache_leftpad, block_table, sinks, float(softmax_scale), left, right, float(softcap),
-                           bool(rotary_interleaved), int(num_splits))
+    snew = 0 if k is None else k.shape[1]
+    with torch.no_grad():
+        if rotary_cos is not None:
+            # q at cache_seqlens + t when causal or local, else every token at cache_seqlens;
+            # the new keys at cache_seqlens + i (flash-attn's convention).  fp32 math.
+            sq = q.shape[1]
+            base = cache_seqlens.long()[:, None]
+            per_token = left >= 0 or right >= 0
+            steps = torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device)
+            q = apply_rotary(q, rotary_cos, rotary_sin, base + steps, rotary_interleaved)
+            k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)
+        if snew:
+            kvcache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
+        seqlens_k = cache_seqlens + snew if snew else cache_seqlens
+    out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                           float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
     return (out, lse) if return_lse else out

@@ -52,6 +52,7 @@ class C:
     softcap: float = 0.0
     rotary: str = ""  # "", "inter", "halves"
     batch_idx: bool = False
+    fp8: bool = False  # a float8_e4m3fn cache with per-(entry, kv head) descales
 
     @property
     def id(self) -> str:
@@ -62,7 +63,8 @@ class C:
         ]
         if self.window != (-1, -1):
             parts.append(f"win{self.window[0]},{self.window[1]}")
-        parts += [x for x, on in (("leftpad", self.leftpad), ("sinks", self.sinks), ("bidx", self.batch_idx)) if on]
+        parts += [x for x, on in (("leftpad", self.leftpad), ("sinks", self.sinks), ("bidx", self.batch_idx),
+                                  ("fp8cache", self.fp8)) if on]
         if self.softcap:
             parts.append(f"cap{self.softcap}")
         if self.rotary:
@@ -104,6 +106,12 @@ GRID = [
     C(batch=3, length=1000, sq=4, snew=4, d=192, dv=128, page=64),
     C(batch=1, length=8191, sq=2, snew=2, d=192, dv=128, dtype=FP16, sinks=True, splits=7),
     C(batch=3, length=17, sq=16, snew=16, d=192, dv=128, page=1, h=32, hkv=8),
+    # FP8 caches (float8_e4m3fn + descales): layouts, splits, GQA, features, head dims
+    C(batch=3, length=1000, fp8=True, page=16),
+    C(batch=7, length=8191, sq=4, snew=4, h=32, hkv=8, fp8=True),
+    C(batch=3, length=1000, sq=2, snew=2, sinks=True, softcap=30.0, page=1, splits=7, dtype=FP16, fp8=True),
+    C(batch=1, length=129, sq=4, snew=4, d=192, dv=128, page=64, window=(50, -1), fp8=True),
+    C(batch=3, length=1000, d=64, dv=64, leftpad=True, batch_idx=True, splits=1, fp8=True),
 ]
 
 
@@ -132,6 +140,15 @@ def make_inputs(c: C):
     lengths = torch.tensor([max(c.snew, c.length - (b * c.length) // (c.batch + 1)) for b in range(c.batch)])
     lengths[0] = c.length
     cache_seqlens = (lengths - c.snew).to(torch.int32)
+    # FP8: entry b's rows of kv head j are stored as x / desc[b, j] (saturated), desc drawn so
+    # that |x| < ~5 fits e4m3's range; the reference dequantizes with the same descales.
+    kdesc = (5 / 448) * (1 + torch.rand(c.batch, c.hkv, device=dev, generator=g))
+    vdesc = (5 / 448) * (1 + torch.rand(c.batch, c.hkv, device=dev, generator=g))
+    if c.fp8:
+        rnd_k = lambda b, n, d: (rnd(n, c.hkv, d).float() / kdesc[b][None, :, None]).clamp(-448, 448)  # noqa: E731
+        rnd_v = lambda b, n, d: (rnd(n, c.hkv, d).float() / vdesc[b][None, :, None]).clamp(-448, 448)  # noqa: E731
+    else:
+        rnd_k = rnd_v = lambda b, n, d: rnd(n, c.hkv, d)  # noqa: E731
     capacity = c.length + 5
     kw = {"cache_seqlens": cache_seqlens.to(dev)}
     leftpad = (cache_seqlens.long() * torch.tensor([(b % 3) / 4 for b in range(c.batch)])).long() if c.leftpad else torch.zeros(c.batch, dtype=torch.long)
@@ -146,8 +163,8 @@ def make_inputs(c: C):
             kw["cache_batch_idx"] = rows.to(torch.int32)
         for b in range(c.batch):
             lo, hi = int(leftpad[b]), int(cache_seqlens[b])
-            k_cache[rows[b], lo:hi] = rnd(hi - lo, c.hkv, c.d)
-            v_cache[rows[b], lo:hi] = rnd(hi - lo, c.hkv, c.dv)
+            k_cache[rows[b], lo:hi] = rnd_k(b, hi - lo, c.d).to(c.dtype)
+            v_cache[rows[b], lo:hi] = rnd_v(b, hi - lo, c.dv).to(c.dtype)
     else:
         nb = -(-capacity // c.page)
         pages = c.batch * nb + 2
@@ -158,10 +175,13 @@ def make_inputs(c: C):
         for b in range(c.batch):
             pos = torch.arange(int(leftpad[b]), int(cache_seqlens[b]), device=dev)
             idx = (table[b].long()[pos // c.page], pos % c.page)
-            k_cache[idx] = rnd(pos.numel(), c.hkv, c.d)
-            v_cache[idx] = rnd(pos.numel(), c.hkv, c.dv)
+            k_cache[idx] = rnd_k(b, pos.numel(), c.d).to(c.dtype)
+            v_cache[idx] = rnd_v(b, pos.numel(), c.dv).to(c.dtype)
         for b in range(c.batch):  # pages past a sequence's end are never read: -1 there
             table[b, -(-int(lengths[b]) // c.page):] = -1
+    if c.fp8:  # the stored values fit e4m3 (saturated above); NaN stays NaN
+        k_cache, v_cache = k_cache.float().to(torch.float8_e4m3fn), v_cache.float().to(torch.float8_e4m3fn)
+        kw["k_descale"], kw["v_descale"] = kdesc, vdesc
     kw["k_cache"], kw["v_cache"] = k_cache, v_cache
     if c.snew:
         kw["k"], kw["v"] = rnd(c.batch, c.snew, c.hkv, c.d), rnd(c.batch, c.snew, c.hkv, c.dv)
@@ -177,7 +197,8 @@ def _to(kw, device, upcast):
     out = {}
     for k, v in kw.items():
         v = v.to(device)
-        out[k] = v.float() if (upcast and v.is_floating_point()) else v.clone()
+        # FP8 caches stay FP8 (the reference dequantizes them in float32 either way)
+        out[k] = v.float() if (upcast and v.dtype in (BF16, FP16)) else v.clone()
     return out
 
 
@@ -208,7 +229,7 @@ def test_kernel_matches_reference(c: C):
     assert _err(lse_c[fin], l32[fin]) <= lbound, f"lse error {_err(lse_c[fin], l32[fin]):.3g} > {lbound:.3g}"
     # the in-place append: same caches as the reference's (NaN where untouched)
     for name in ("k_cache", "v_cache"):
-        got, want = kw[name].cpu(), kwlp[name]
+        got, want = kw[name].cpu().float(), kwlp[name].float()
         if c.rotary and name == "k_cache":
             torch.testing.assert_close(got, want, equal_nan=True, atol=1e-2, rtol=1e-2)
         else:

@@ -351,13 +351,25 @@ def test_paged_validation_errors(name, mutate, kind, text, gen):
 
 
 def _op_args(gen, page=16):
-    q, kw = make_case(batch=2, sq=2, snew=2, page=page, rotary=16, leftpad=True, dtype=torch.float32, gen=gen)
-    return (q, kw["k_cache"], kw["v_cache"], kw["k"], kw["v"], kw["rotary_cos"], kw["rotary_sin"], kw["cache_seqlens"],
-            None, kw["cache_leftpad"], kw["block_table"], torch.randn(4, generator=gen), 0.2, 5, 0, 0.0, True, 0)
+    """(append op args, attention op args) of one call."""
+    q, kw = make_case(batch=2, sq=2, snew=2, page=page, leftpad=True, dtype=torch.float32, gen=gen)
+    append = (kw["k_cache"], kw["v_cache"], kw["k"], kw["v"], kw["cache_seqlens"], None, kw["block_table"], None, None)
+    fwd = (q, kw["k_cache"], kw["v_cache"], kw["cache_seqlens"] + 2, None, kw["cache_leftpad"], kw["block_table"],
+           torch.randn(4, generator=gen), 0.2, 5, 0, 0.0, 0, None, None)
+    return append, fwd
 
 
 def test_opcheck(gen):
-    torch.library.opcheck(kvcache.kvcache_fwd, _op_args(gen))
+    append, fwd = _op_args(gen)
+    torch.library.opcheck(kvcache.kvcache_append, append)
+    torch.library.opcheck(kvcache.kvcache_fwd, fwd)
+
+
+def test_only_the_append_op_mutates():
+    """The attention op is pure; only kvcache_append declares the cache mutation (a mutating
+    op's eager dispatch costs ~150 us with many arguments: kvcache.py)."""
+    assert not torch.ops.flashtile.kvcache_fwd.default._schema.is_mutable
+    assert torch.ops.flashtile.kvcache_append.default._schema.is_mutable
 
 
 def test_torch_compile_fullgraph(gen):
@@ -466,3 +478,111 @@ def test_decode_kernel_does_not_spill(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert " 0 bytes spill stores" in res.stderr, res.stderr
+
+
+# --- FP8 caches (float8_e4m3fn + k_descale / v_descale) ----------------------------------------
+
+
+def fp8_case(page, gen, **kw):
+    """make_case's inputs with the caches quantized to float8_e4m3fn under one descale per
+    (batch entry, kv head); also the same cache dequantized (float64) for the exact comparison.
+    Paged pages are shared by no two entries (make_case), so a page is quantized with its
+    entry's descale; pages no entry uses keep a descale of 1."""
+    q, kw = make_case(page=page, gen=gen, **kw)
+    b, hkv = q.shape[0], kw["k_cache"].shape[2]
+    desc = {n: 0.01 + torch.rand(b, hkv, generator=gen) * 0.02 for n in ("k_descale", "v_descale")}
+    deq = {}
+    for name, dname in (("k_cache", "k_descale"), ("v_cache", "v_descale")):
+        cache = kw[name]
+        scale = torch.ones(cache.shape[0], hkv, dtype=torch.float32)  # per cache row / page
+        rows = kw["block_table"] if page is not None else torch.arange(b)[:, None]
+        for e in range(b):
+            scale[rows[e].long()] = desc[dname][e]
+        c8 = (cache / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        kw[name] = c8
+        deq[name] = c8.double() * scale[:, None, :, None].double()
+    kw.update(desc)
+    return q, kw, deq
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_fp8_cache_equals_dequantized(page, gen):
+    """An FP8 cache gives what the dequantized cache gives (flash-attn 3's descale convention),
+    appended tokens quantized with the entry's descales."""
+    q, kw, deq = fp8_case(page, gen, batch=3, sq=2, snew=2, h=4, hkv=2, d=32, dv=32, capacity=40)
+    out, lse = flash_attn_with_kvcache(q, **clone_kw(kw), causal=True, return_lse=True)
+    want_kw = {k: v for k, v in clone_kw(kw).items() if not k.endswith("descale")}
+    want_kw.update(deq)
+    # appended tokens as the FP8 cache stores them: quantized with the entry's descale
+    for name, dname in (("k", "k_descale"), ("v", "v_descale")):
+        d = kw[dname][:, None, :, None].double()
+        want_kw[name] = (kw[name] / d).clamp(-448, 448).to(torch.float8_e4m3fn).double() * d
+    want, wlse = flash_attn_with_kvcache(q, **want_kw, causal=True, return_lse=True)
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(lse, wlse, atol=1e-12, rtol=1e-10)
+
+
+def test_fp8_cache_append_quantizes_in_place(gen):
+    q, kw, _ = fp8_case(None, gen, batch=2, snew=3, capacity=20, seqlens=torch.tensor([4, 9]))
+    caches = clone_kw(kw)
+    flash_attn_with_kvcache(q, **caches)
+    for name, dname in (("k_cache", "k_descale"), ("v_cache", "v_descale")):
+        got = caches[name]
+        assert got.dtype == torch.float8_e4m3fn
+        for e, start in enumerate((4, 9)):
+            want = (kw[name[0]][e] / kw[dname][e][None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+            assert torch.equal(got[e, start:start + 3].float(), want.float()), f"{name} entry {e}"
+        untouched = torch.ones(got.shape[:2], dtype=torch.bool)
+        untouched[0, 4:7] = untouched[1, 9:12] = False
+        assert torch.equal(got[untouched].float(), kw[name][untouched].float()), f"{name}: rows outside the append changed"
+
+
+FP8_ERRORS = [
+    ("k_descale missing", lambda kw: kw.pop("k_descale"), ValueError, "k_descale"),
+    ("v_descale shape", lambda kw: kw.update(v_descale=kw["v_descale"][:1]), ValueError, "v_descale"),
+    ("descale dtype", lambda kw: kw.update(k_descale=kw["k_descale"].double()), TypeError, "k_descale.dtype"),
+    ("mixed caches", lambda kw: kw.update(v_cache=kw["v_cache"].double()), TypeError, "v_cache.dtype"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,kind,text", FP8_ERRORS, ids=[e[0] for e in FP8_ERRORS])
+def test_fp8_validation_errors(name, mutate, kind, text, gen):
+    q, kw, _ = fp8_case(None, gen)
+    mutate(kw)
+    with pytest.raises(kind, match=re.escape(text)):
+        flash_attn_with_kvcache(q, **kw)
+
+
+def test_descales_need_an_fp8_cache(gen):
+    q, kw = make_case(gen=gen)
+    with pytest.raises(ValueError, match="k_descale"):
+        flash_attn_with_kvcache(q, **kw, k_descale=torch.ones(2, 2), v_descale=torch.ones(2, 2))
+
+
+def test_fp8_opcheck(gen):
+    """Fake tensors and dispatch with FP8 caches.  (opcheck's test_schema multiplies the
+    mutated caches, which CPU float8 tensors do not implement; the bf16 test_opcheck covers the
+    schema's mutation declaration.)"""
+    q, kw, _ = fp8_case(16, gen, batch=2, sq=2, snew=2, dtype=torch.float32)
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(kvcache.kvcache_append, (
+        kw["k_cache"], kw["v_cache"], kw["k"], kw["v"], kw["cache_seqlens"], None, kw["block_table"], kw["k_descale"],
+        kw["v_descale"]), test_utils=utils)
+    torch.library.opcheck(kvcache.kvcache_fwd, (
+        q, kw["k_cache"], kw["v_cache"], kw["cache_seqlens"] + 2, None, None, kw["block_table"], None, 0.2, -1, 0, 0.0,
+        0, kw["k_descale"], kw["v_descale"]), test_utils=utils)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("d,dv,dtype,sinks,softcap", [(128, 128, "bfloat16", False, False), (192, 128, "float16", True, True)],
+                         ids=lambda x: str(x))
+def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
+    """The FP8-cache decode kernel: FP8 bytes through cp.async (16-byte vectors), widened in
+    shared memory for bf16/fp16 WGMMAs."""
+    from flashtile.kernels.decode import get_decode_kernels
+
+    decode, _ = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")
+    src = decode.get_kernel_source()
+    assert "fp8_e4_t" in src and "cp_async" in src and "wgmma" in src
+    assert "__tl_cvt_fp8x2_to_float2" in src or "fp8" in src

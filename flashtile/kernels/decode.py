@@ -87,9 +87,15 @@ def decode_kernel(
     block_n: int = 128,
     num_stages: int = 2,
     threads: int = 128,
+    cache_dtype: str | None = None,
 ):
     """Build the split-KV decode PrimFunc (``num_stages``: 2, the row lookup and copy one step
     ahead of the compute; kept as a parameter for the cache key and the tile sweeps).
+
+    ``cache_dtype``: None (the cache is in ``dtype``) or ``"float8_e4m3fn"``, an FP8 cache read
+    as FP8 (half the bytes: the whole point, decode being bandwidth-bound) and widened in shared
+    memory to ``dtype`` for the bf16/fp16 WGMMAs (every e4m3 value is exact in bf16 and fp16);
+    the per-(entry, kv head) descales fold into the score scale (K) and the output (V).
 
     Kernel arguments: Q (RQ, dim), the (B, Sq, H, dim) queries as rows ``(b * Sq + t) * H + h``
     (RQ = B x Sq x H); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as rows (NR = pages x
@@ -106,26 +112,40 @@ def decode_kernel(
     acc = T.float32
     block_m = BLOCK_M
     kv_width = max(dim, dim_v)
-    # The K/V copy loop's thread map: each thread copies 8 consecutive features (16 bytes) of
-    # a key row per step.  Without it, layout inference for a loop writing both k_s and v_s
-    # (two different swizzles) settles on 4-byte copies.
+    fp8 = cache_dtype is not None and cache_dtype != dtype
+    cdt = cache_dtype if fp8 else dtype
+    vec = 16 if fp8 else 8  # cache elements per 16-byte copy
+    # The K/V copy loop's thread map: each thread copies ``vec`` consecutive features (16 bytes)
+    # of a key row per step.  Without it, layout inference for a loop writing both K and V
+    # tiles (two different swizzles) settles on 4-byte copies.
     kv_layout = T.Fragment(
         [block_n, kv_width],
         forward_fn=lambda i, c: (
-            ((i * kv_width + c) // 8) % threads,
-            ((i * kv_width + c) // 8) // threads * 8 + c % 8,
+            ((i * kv_width + c) // vec) % threads,
+            ((i * kv_width + c) // vec) // threads * vec + c % vec,
         ),
     )
     neg_inf = -T.infinity(acc)
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
     chunk = ROW_CHUNK_BLOCKS
+    if fp8:
+        # The FP8 tiles' widening reads the copied stage like a copy would, and left to
+        # itself the planner then emits a non-constant cp.async.wait_group that fails in
+        # codegen.  A manual two-stage schedule instead: the K/V copy one step ahead (stage 0),
+        # every other statement of the step in order (stage 1).  Statements: the copy, two
+        # widenings, the QK GEMM, the online softmax's 7 (8 with softcap), P cast, O rescale,
+        # the PV GEMM.
+        n_stmts = 1 + 2 + 1 + (8 if has_softcap else 7) + 3
+        pipeline_schedule = {"order": list(range(n_stmts)), "stage": [0] + [num_stages - 1] * (n_stmts - 1)}
+    else:
+        pipeline_schedule = {"num_stages": num_stages}
     _, finish_partial = online_softmax(block_m, block_n, dim_v, False, has_softcap)  # sinks: combine.py
 
     @T.prim_func
     def main(
         Q: T.Tensor([RQ, dim], dtype),
-        K: T.Tensor([NR, Hkv, dim], dtype),
-        V: T.Tensor([NR, Hkv, dim_v], dtype),
+        K: T.Tensor([NR, Hkv, dim], cdt),
+        V: T.Tensor([NR, Hkv, dim_v], cdt),
         BlockTable: T.Tensor([B, MB], T.int32),
         SeqlensK: T.Tensor([B], T.int32),
         Leftpad: T.Tensor([B], T.int32),
@@ -134,6 +154,8 @@ def decode_kernel(
         Opart: T.Tensor([P, dim_v], acc),
         LSEpart: T.Tensor([P], acc),
         Sinks: T.Tensor([H], acc),
+        KDescale: T.Tensor([B, Hkv], acc),
+        VDescale: T.Tensor([B, Hkv], acc),
         score_scale: T.float32,
         cap_in: T.float32,
         left: T.int32,
@@ -149,6 +171,10 @@ def decode_kernel(
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
+            # The pipelined K/V stages: the tiles themselves, or their FP8 bytes (widened into
+            # k_s / v_s each step).
+            k_in = T.alloc_shared([block_n, dim], cdt) if fp8 else k_s
+            v_in = T.alloc_shared([block_n, dim_v], cdt) if fp8 else v_s
             row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
             # Each tile row's query token, head, and its rows in Q/O and in the (B, H, Sq) lse:
             # divided out once here, so no copy or store below divides (TileLang widens index
@@ -189,6 +215,12 @@ def decode_kernel(
             # The entry as masks.py sees it: Sq query tokens, keys [lp, seqlen_k).
             mask = TileMask(Sequence(False, b, Sq, seqlen_k, key_lo=lp, off=off), left, right)
             tile_rows = GroupRows(tok_s, head_s)
+            # An FP8 cache's K descale scales every score: folded into the scale the softmax
+            # applies (into the softcap's input scale with softcap).  Its V descale scales the
+            # output, applied before the epilogue.
+            kd = T.alloc_var(acc, KDescale[b, hk] if fp8 else 1.0)
+            sc = T.alloc_var(acc, score_scale * kd if (fp8 and not has_softcap) else score_scale)
+            cap = T.alloc_var(acc, cap_in * kd if fp8 else cap_in)
 
             for i in T.Parallel(block_m):
                 tok_s[i] = (r0 + i) // group
@@ -222,23 +254,28 @@ def decode_kernel(
                         # A power-of-two page size (page_shift >= 0) takes a shift, not a division.
                         pg = T.if_then_else(page_shift >= 0, T.shift_right(j, page_shift), j // page_size)
                         row_s[it * threads + tx] = BlockTable[b, pg] * page_size + (j - pg * page_size)
-                for it in T.Pipelined(T.min(chunk, my_blocks - ch * chunk), num_stages=num_stages):
+                for it in T.Pipelined(T.min(chunk, my_blocks - ch * chunk), **pipeline_schedule):
                     n0 = (kb_first + ch * chunk + it) * block_n
                     # K and V rows in one loop: one cp.async group per step (two groups trip a
                     # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
                     for i, c in T.Parallel(block_n, kv_width, loop_layout=kv_layout):
                         row = row_s[it * block_n + i]
                         if dim >= dim_v:
-                            k_s[i, c] = K[row, hk, c]
+                            k_in[i, c] = K[row, hk, c]
                             if dim_v == dim or c < dim_v:
-                                v_s[i, c] = V[row, hk, c]
+                                v_in[i, c] = V[row, hk, c]
                         else:
-                            v_s[i, c] = V[row, hk, c]
+                            v_in[i, c] = V[row, hk, c]
                             if c < dim:
-                                k_s[i, c] = K[row, hk, c]
+                                k_in[i, c] = K[row, hk, c]
+                    if fp8:  # widen the FP8 tiles for the WGMMAs (exact; the manual schedule above)
+                        for i, c in T.Parallel(block_n, dim):
+                            k_s[i, c] = T.cast(k_in[i, c], dtype)
+                        for i, c in T.Parallel(block_n, dim_v):
+                            v_s[i, c] = T.cast(v_in[i, c], dtype)
                     T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                     # softmax.py's online softmax; masks.py's rule per query token (row // group).
-                    update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, score_scale, cap_in, tile_rows)
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, sc, cap, tile_rows)
                     T.copy(s, p)
                     for i, c in T.Parallel(block_m, dim_v):
                         o[i, c] *= alpha[i]
@@ -246,8 +283,11 @@ def decode_kernel(
 
             # Epilogue (softmax.py's): O normalised, lse in natural log; the sink folded in
             # here with one split, by the combine kernel otherwise.
+            if fp8:
+                for i, c in T.Parallel(block_m, dim_v):
+                    o[i, c] *= VDescale[b, hk]
             if num_splits == 1:
-                finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(tok_s, head_s, Sinks), score_scale)
+                finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(tok_s, head_s, Sinks), sc)
                 for i, c in T.Parallel(block_m, dim_v):
                     if r0 + i < rows:
                         O[qrow_s[i], c] = T.cast(o[i, c], dtype)
@@ -255,7 +295,7 @@ def decode_kernel(
                     if r0 + i < rows:
                         LSE[lrow_s[i]] = lse[i]
             else:
-                finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, score_scale)
+                finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, sc)
                 for i, c in T.Parallel(block_m, dim_v):
                     if r0 + i < rows:
                         Opart[split * RQ + qrow_s[i], c] = o[i, c]
@@ -317,22 +357,29 @@ def choose_splits(ctas: int, n_blocks: int, slots: int) -> int:
 SMEM_PER_SM = 228 * 1024  # Hopper: shared memory per SM (a CTA may take 227 KB of it)
 
 
-def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
+def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int, cache_itemsize: int | None = None) -> int:
     """Decode CTAs resident on one SM at once, bounded by shared memory: the Q tile, the K/V
-    stages and the row table, plus the 1 KB the driver reserves per CTA.  (Registers allow
-    two 128-thread CTAs at every tile here.)  128-key blocks at d = 128: 160 KB, one CTA;
-    64-key blocks: 88 KB, two."""
-    smem = (BLOCK_M * dim + cfg["num_stages"] * cfg["block_n"] * (dim + dim_v)) * itemsize
+    stages (in the cache's element size; an FP8 cache adds one widened K/V tile) and the row
+    table, plus the 1 KB the driver reserves per CTA.  (Registers allow two 128-thread CTAs
+    at every tile here.)  128-key blocks at d = 128: 160 KB, one CTA; 64-key blocks: 88 KB
+    (bf16 or FP8 cache), two."""
+    cache_itemsize = cache_itemsize or itemsize
+    smem = BLOCK_M * dim * itemsize + cfg["num_stages"] * cfg["block_n"] * (dim + dim_v) * cache_itemsize
+    if cache_itemsize != itemsize:
+        smem += cfg["block_n"] * (dim + dim_v) * itemsize
     smem += ROW_CHUNK_BLOCKS * cfg["block_n"] * 4 + 1024
     return max(1, min(2, SMEM_PER_SM // smem))
 
 
-def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool):
-    """(decode, combine) compiled for one static structure."""
+def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
+                       cache_dtype: str | None = None):
+    """(decode, combine) compiled for one static structure (``cache_dtype``: None, or
+    ``"float8_e4m3fn"`` for an FP8 cache)."""
     from . import cache
 
+    extra = {} if cache_dtype in (None, dtype) else {"cache_dtype": cache_dtype}
     decode = cache.get(decode_kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
-                       has_softcap=has_softcap, **decode_config(dim, dim_v))
+                       has_softcap=has_softcap, **decode_config(dim, dim_v), **extra)
     from .combine import combine_kernel
 
     combine = cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks)
@@ -340,10 +387,11 @@ def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
 
 
 def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
-                  softmax_scale: float, window, softcap: float, num_splits: int = 0):
+                  softmax_scale: float, window, softcap: float, num_splits: int = 0, k_descale=None, v_descale=None):
     """Decode on CUDA: q (B, Sq, H, D); caches contiguous (B_cache, S_cache, Hkv, D) or paged
-    (NP, page, Hkv, D) with ``block_table``; ``seqlens_k`` int32 (B,) keys per entry after the
-    append.  Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
+    (NP, page, Hkv, D) with ``block_table``, in q's dtype or float8_e4m3fn with ``k_descale`` /
+    ``v_descale`` float32 (B, Hkv); ``seqlens_k`` int32 (B,) keys per entry after the append.
+    Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
     import torch
 
     from . import debug, target
@@ -367,11 +415,13 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     table = table.contiguous()
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     cfg = decode_config(d, dv)
-    decode, combine = get_decode_kernels(d, dv, str(q.dtype).removeprefix("torch."), sinks is not None, softcap > 0)
+    fp8 = k_cache.dtype != q.dtype
+    decode, combine = get_decode_kernels(d, dv, str(q.dtype).removeprefix("torch."), sinks is not None, softcap > 0,
+                                         str(k_cache.dtype).removeprefix("torch.") if fp8 else None)
     if num_splits <= 0:
         capacity = k_cache.shape[1] * table.shape[1]
         row_tiles = -(-(h // hkv) * sq // BLOCK_M)
-        slots = target.sm_count(dev) * ctas_per_sm(cfg, d, dv, q.element_size())
+        slots = target.sm_count(dev) * ctas_per_sm(cfg, d, dv, q.element_size(), k_cache.element_size())
         num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), slots)
     # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.
     num_splits = max(1, min(num_splits, MAX_SPLITS, (2**31 - 1) // (b * sq * h * dv)))
@@ -399,9 +449,13 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     # Q, O and lse as flat rows (the kernels' layout: no index division per element).
     out_rows, lse_rows = out.view(-1, dv), lse.view(-1)
+    if fp8:
+        kdesc, vdesc = k_descale.float().contiguous(), v_descale.float().contiguous()
+    else:  # never read (the descales are a compile-time branch): no fill kernel
+        kdesc = vdesc = torch.empty(b, hkv, dtype=torch.float32, device=dev)
     decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
-           out_rows, lse_rows, opart, lsepart, sinks32, score_scale, cap_in, left, right, num_splits, page_size,
-           page_shift, sq)
+           out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
+           page_size, page_shift, sq)
     if num_splits > 1:
         combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, num_splits)
     return out, lse
@@ -434,6 +488,8 @@ def unsupported_reason(q, k_cache, v_cache):
 
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} (kernels take float16 and bfloat16; use CPU tensors for others)"
+    if k_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
+        return f"a {k_cache.dtype} cache with {q.dtype} queries (kernels take q's dtype or float8_e4m3fn)"
     from . import target
 
     major, minor = target.capability(q.device)

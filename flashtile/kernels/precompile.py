@@ -21,8 +21,9 @@ FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, 
 
 
 # bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches;
-# decode: the KV-cache split-KV decode kernel and its combine kernel.
-PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "decode")
+# decode: the KV-cache split-KV decode kernel and its combine kernel; decode-fp8: the same over a
+# float8_e4m3fn cache.
+PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "decode", "decode-fp8")
 
 
 def structures(headdims, dtypes, features, passes=PASSES):
@@ -33,8 +34,9 @@ def structures(headdims, dtypes, features, passes=PASSES):
         base = p.removeprefix("v")
         dim, dim_v = configs.kernel_headdims(d, dv, "fwd" if base == "fwd" else "bwd")
         has_sinks, has_softcap = FEATURES[feat]
-        if p == "decode":  # the decode kernel serves user head dims as they are
-            yield p, dict(dim=d, dim_v=dv, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
+        if p.startswith("decode"):  # the decode kernel serves user head dims as they are
+            kw = dict(dim=d, dim_v=dv, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
+            yield p, kw if p == "decode" else {**kw, "cache_dtype": "float8_e4m3fn"}
         elif base == "fwd":
             yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
         elif not has_sinks:  # sinks do not change the backward kernels
@@ -49,7 +51,7 @@ def build(p: str, kwargs: dict) -> str:
     from .launch import backward_kernels, forward_kernel
 
     t = time.time()
-    if p == "decode":
+    if p.startswith("decode"):
         get_decode_kernels(**kwargs)
     else:
         forward_kernel(**kwargs) if p.endswith("fwd") else backward_kernels(**kwargs)
