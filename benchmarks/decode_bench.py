@@ -140,8 +140,14 @@ def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
         call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
                                                k_descale=kd, v_descale=vd, **kw)
         out = call()
-        deq = lambda x8, d: (x8[0:1, :L].float() * d[0][None, None, :, None])  # noqa: E731
-        err = (out[0].float() - reference_entry0(q, deq(k8, kd), deq(v8, vd), L, sq)).abs().max().item()
+        # entry 0's logical rows (through the block table when paged), dequantized with its descales
+        pos = torch.arange(L, device=kc.device)
+        if page is None:
+            rows0 = lambda c: c[0, :L]  # noqa: E731
+        else:
+            rows0 = lambda c: c[kw["block_table"][0].long()[pos // page], pos % page]  # noqa: E731
+        deq = lambda c, d: (rows0(c).float() * d[0][None, :, None])[None]  # noqa: E731
+        err = (out[0].float() - reference_entry0(q, deq(kcache, kd), deq(vcache, vd), L, sq)).abs().max().item()
         tg = bench_graph(call) or bench(call)
         ref = bf16_rows.get(layout, {})
         t16 = ref.get("flashtile_graph_s") or ref.get("flashtile_s")

@@ -28,7 +28,7 @@ def main(path: str) -> int:
         if m:
             pending_size = m.group(1)
             continue
-        m = re.match(r"=+\s+at (\S+?)(\+0x[0-9a-f]+)?$", line.strip())
+        m = re.match(r"=+\s+at (.+)$", line.strip())  # "at main_kernel+0x1a0", "at void at::native::...+0x830"
         if m and pending_size is not None:
             who = "flashtile" if m.group(1).startswith("main_kernel") else "pytorch"
             bucket[f"{who}:{pending_size}B"] += 1

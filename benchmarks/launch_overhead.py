@@ -56,6 +56,21 @@ def main():
         ("flash_attn_func, requires_grad", lambda: flashtile.flash_attn_func(qg, kg, vg)),
         ("torch SDPA (flash backend), no grad", lambda: torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))),
     ]
+    # decode: B=1, one token, 32/8 heads, d=128, a 1k-key cache (GPU work a few us)
+    qd = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 1024 + 64, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kn, vn = (torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 1024, dtype=torch.int32, device="cuda")
+    from flashtile.kernels.decode import launch_decode
+
+    rows += [
+        ("launch_decode (kernels only)", lambda: launch_decode(qd, kc, vc, lens, None, None, None, None, 0.088, (-1, 0), 0.0)),
+        ("flash_attn_with_kvcache, no new tokens", lambda: flashtile.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True)),
+        ("flash_attn_with_kvcache, append 1 token", lambda: flashtile.flash_attn_with_kvcache(qd, kc, vc, k=kn, v=vn, cache_seqlens=lens, causal=True)),
+        ("torch SDPA (cuDNN), decode", lambda: torch.nn.functional.scaled_dot_product_attention(
+            qd.transpose(1, 2), kc[:, :1024].transpose(1, 2), vc[:, :1024].transpose(1, 2), enable_gqa=True)),
+    ]
+    decode_call = lambda: flashtile.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True)  # noqa: E731
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     for name, fn in rows:
         try:
@@ -72,6 +87,14 @@ def main():
             prof.disable()
             torch.cuda.synchronize()
             pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+        print("--- profile: flash_attn_with_kvcache, no new tokens")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(300):
+            decode_call()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
 
 
 if __name__ == "__main__":
