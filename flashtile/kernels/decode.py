@@ -15,7 +15,7 @@ built to keep HBM busy, not the tensor cores:
   (``page = block_table[b, j // page_size]``, row ``j % page_size``), so any page size works,
   and a contiguous cache is the special case of one page per cache row (``page_size =
   seqlen_cache``, table = ``cache_batch_idx``).  The lookup runs once per key row, for a
-  chunk of ``ROW_CHUNK_KEYS`` keys at a time (into ``row_s``), and the caches are flat
+  chunk of ``ROW_CHUNK_BLOCKS`` key blocks at a time (into ``row_s``), and the caches are flat
   ``(pages * page_size, Hkv, d)`` rows, so the copies' addresses are a multiply-add.  (Done
   inside the copy loop, the lookup was ~8 64-bit divisions per 16-byte copy -- TileLang widens
   dynamic-shape index arithmetic to 64 bits -- ~13k cycles of integer work per 64 KB step and
@@ -88,7 +88,6 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     cache_dtype: str | None = None,
-    sub_n: int | None = None,
 ):
     """Build the split-KV decode PrimFunc (``num_stages``: 2, the row lookup and copy one step
     ahead of the compute; kept as a parameter for the cache key and the tile sweeps).
@@ -97,9 +96,6 @@ def decode_kernel(
     as FP8 (half the bytes: the whole point, decode being bandwidth-bound) and widened in shared
     memory to ``dtype`` for the bf16/fp16 WGMMAs (every e4m3 value is exact in bf16 and fp16);
     the per-(entry, kv head) descales fold into the score scale (K) and the output (V).
-    ``sub_n`` (FP8): keys per compute sub-step; a copy step of ``block_n`` keys is widened and
-    attended ``sub_n`` keys at a time, so the bytes in flight per step match the bf16 kernel's
-    while the widened tiles stay small enough for two CTAs per SM.
 
     Kernel arguments: Q (RQ, dim), the (B, Sq, H, dim) queries as rows ``(b * Sq + t) * H + h``
     (RQ = B x Sq x H); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as rows (NR = pages x
@@ -130,30 +126,20 @@ def decode_kernel(
         ),
     )
     neg_inf = -T.infinity(acc)
-    sub_n = sub_n or block_n
-    n_sub = block_n // sub_n
-    update, finish = online_softmax(block_m, sub_n, dim_v, has_sinks, has_softcap)
-    chunk = max(1, ROW_CHUNK_KEYS // block_n)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+    chunk = ROW_CHUNK_BLOCKS
     if fp8:
         # The FP8 tiles' widening reads the copied stage like a copy would, and left to
         # itself the planner then emits a non-constant cp.async.wait_group that fails in
         # codegen.  A manual two-stage schedule instead: the K/V copy one step ahead (stage 0),
-        # the sub-steps (one serial loop: widen, QK GEMM, online softmax, PV GEMM) after it.
-        pipeline_schedule = {"order": [0, 1], "stage": [0, num_stages - 1]}
+        # every other statement of the step in order (stage 1).  Statements: the copy, two
+        # widenings, the QK GEMM, the online softmax's 7 (8 with softcap), P cast, O rescale,
+        # the PV GEMM.
+        n_stmts = 1 + 2 + 1 + (8 if has_softcap else 7) + 3
+        pipeline_schedule = {"order": list(range(n_stmts)), "stage": [0] + [num_stages - 1] * (n_stmts - 1)}
     else:
         pipeline_schedule = {"num_stages": num_stages}
-    _, finish_partial = online_softmax(block_m, sub_n, dim_v, False, has_softcap)  # sinks: combine.py
-
-    @T.macro
-    def attend(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, sc, cap, rows):
-        """One (sub-)step: keys n0 .. n0 + sub_n - 1, in k_s / v_s, into the running o, m, l."""
-        T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-        # softmax.py's online softmax; masks.py's rule per query token (row // group).
-        update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, sc, cap, rows)
-        T.copy(s, p)
-        for i, c in T.Parallel(block_m, dim_v):
-            o[i, c] *= alpha[i]
-        T.gemm(p, v_s, o, policy=FULL_ROW)
+    _, finish_partial = online_softmax(block_m, block_n, dim_v, False, has_softcap)  # sinks: combine.py
 
     @T.prim_func
     def main(
@@ -183,8 +169,8 @@ def decode_kernel(
             group = T.alloc_var(T.int32, H // Hkv)
             rows = T.alloc_var(T.int32, group * Sq)
             q_s = T.alloc_shared([block_m, dim], dtype)
-            k_s = T.alloc_shared([sub_n, dim], dtype)
-            v_s = T.alloc_shared([sub_n, dim_v], dtype)
+            k_s = T.alloc_shared([block_n, dim], dtype)
+            v_s = T.alloc_shared([block_n, dim_v], dtype)
             # The pipelined K/V stages: the tiles themselves, or their FP8 bytes (widened into
             # k_s / v_s each step).
             k_in = T.alloc_shared([block_n, dim], cdt) if fp8 else k_s
@@ -198,8 +184,8 @@ def decode_kernel(
             head_s = T.alloc_shared([block_m], T.int32)
             qrow_s = T.alloc_shared([block_m], T.int32)
             lrow_s = T.alloc_shared([block_m], T.int32)
-            s = T.alloc_fragment([block_m, sub_n], acc)
-            p = T.alloc_fragment([block_m, sub_n], dtype)
+            s = T.alloc_fragment([block_m, block_n], acc)
+            p = T.alloc_fragment([block_m, block_n], dtype)
             o = T.alloc_fragment([block_m, dim_v], acc)
             m = T.alloc_fragment([block_m], acc)
             m_prev = T.alloc_fragment([block_m], acc)
@@ -282,18 +268,18 @@ def decode_kernel(
                             v_in[i, c] = V[row, hk, c]
                             if c < dim:
                                 k_in[i, c] = K[row, hk, c]
-                    if fp8:
-                        for sb in T.serial(n_sub):
-                            # widen sub_n keys of the FP8 stage for the WGMMAs (exact)
-                            for i, c in T.Parallel(sub_n, dim):
-                                k_s[i, c] = T.cast(k_in[sb * sub_n + i, c], dtype)
-                            for i, c in T.Parallel(sub_n, dim_v):
-                                v_s[i, c] = T.cast(v_in[sb * sub_n + i, c], dtype)
-                            attend(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, n0 + sb * sub_n,
-                                   t_first, t_last, mask, sc, cap, tile_rows)
-                    else:
-                        attend(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last,
-                               mask, sc, cap, tile_rows)
+                    if fp8:  # widen the FP8 tiles for the WGMMAs (exact; the manual schedule above)
+                        for i, c in T.Parallel(block_n, dim):
+                            k_s[i, c] = T.cast(k_in[i, c], dtype)
+                        for i, c in T.Parallel(block_n, dim_v):
+                            v_s[i, c] = T.cast(v_in[i, c], dtype)
+                    T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    # softmax.py's online softmax; masks.py's rule per query token (row // group).
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, sc, cap, tile_rows)
+                    T.copy(s, p)
+                    for i, c in T.Parallel(block_m, dim_v):
+                        o[i, c] *= alpha[i]
+                    T.gemm(p, v_s, o, policy=FULL_ROW)
 
             # Epilogue (softmax.py's): O normalised, lse in natural log; the sink folded in
             # here with one split, by the combine kernel otherwise.
@@ -323,16 +309,16 @@ def decode_kernel(
 # --- host side ------------------------------------------------------------------------------
 
 MAX_SPLITS = 128
-# Keys whose cache rows are looked up at once (row_s: 8 KB); each chunk restarts the K/V
-# pipeline, so about one step in ROW_CHUNK_KEYS / block_n is not overlapped.
-ROW_CHUNK_KEYS = 2048
+# Key blocks whose cache rows are looked up at once (row_s: 8 KB at 64-key blocks); each chunk
+# restarts the K/V pipeline, so about 1/ROW_CHUNK_BLOCKS of the loads are not overlapped.
+ROW_CHUNK_BLOCKS = 32
 
 
 # (block_n, num_stages) forced for every head dim when set; benchmarks/decode_bench.py --tiles.
 TILE_OVERRIDE: tuple[int, int] | None = None
 
 
-def decode_config(dim: int, dim_v: int, fp8: bool = False) -> dict:
+def decode_config(dim: int, dim_v: int) -> dict:
     """Tiles for one head-dim pair: 64-key blocks, 32 when ``dim != dim_v`` (registers).
 
     64 keys, not 128: at d <= 128 a CTA then takes 88 KB of shared memory, so two CTAs share an
@@ -342,18 +328,11 @@ def decode_config(dim: int, dim_v: int, fp8: bool = False) -> dict:
     more, TileLang 0.1.15's pipeline epilogue emits a non-constant ``cp.async.wait_group``
     that fails in codegen (and explicit unrolling, the way around it, did not finish
     compiling in 10 minutes).
-
-    FP8 caches: 128-key copy steps (32 KB, the bytes of a bf16 64-key step) attended 32 keys
-    at a time (``sub_n``), 105 KB of shared memory, two CTAs per SM.  With 64-key steps the
-    FP8 kernel ran at the bf16 kernel's speed for half the bytes: a step costs about one
-    memory latency whatever it carries (h100-2026-11-23c).
     """
     if TILE_OVERRIDE is not None:
         return {"block_n": TILE_OVERRIDE[0], "num_stages": TILE_OVERRIDE[1], "threads": 128}
     if dim != dim_v:  # synchronous loads (see the module docstring): 64 keys spill 1.2 KB, 32 keys 24 B
         return {"block_n": 32, "num_stages": 2, "threads": 128}
-    if fp8:
-        return {"block_n": 128, "num_stages": 2, "threads": 128, "sub_n": 32}
     return {"block_n": 64, "num_stages": 2, "threads": 128}
 
 
@@ -387,8 +366,8 @@ def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int, cache_itemsize: 
     cache_itemsize = cache_itemsize or itemsize
     smem = BLOCK_M * dim * itemsize + cfg["num_stages"] * cfg["block_n"] * (dim + dim_v) * cache_itemsize
     if cache_itemsize != itemsize:
-        smem += cfg.get("sub_n", cfg["block_n"]) * (dim + dim_v) * itemsize
-    smem += ROW_CHUNK_KEYS * 4 + 1024
+        smem += cfg["block_n"] * (dim + dim_v) * itemsize
+    smem += ROW_CHUNK_BLOCKS * cfg["block_n"] * 4 + 1024
     return max(1, min(2, SMEM_PER_SM // smem))
 
 
@@ -398,10 +377,9 @@ def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
     ``"float8_e4m3fn"`` for an FP8 cache)."""
     from . import cache
 
-    fp8 = cache_dtype not in (None, dtype)
-    extra = {"cache_dtype": cache_dtype} if fp8 else {}
+    extra = {} if cache_dtype in (None, dtype) else {"cache_dtype": cache_dtype}
     decode = cache.get(decode_kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
-                       has_softcap=has_softcap, **decode_config(dim, dim_v, fp8), **extra)
+                       has_softcap=has_softcap, **decode_config(dim, dim_v), **extra)
     from .combine import combine_kernel
 
     combine = cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks)
@@ -436,8 +414,8 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         table = block_table
     table = table.contiguous()
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
+    cfg = decode_config(d, dv)
     fp8 = k_cache.dtype != q.dtype
-    cfg = decode_config(d, dv, fp8)
     decode, combine = get_decode_kernels(d, dv, str(q.dtype).removeprefix("torch."), sinks is not None, softcap > 0,
                                          str(k_cache.dtype).removeprefix("torch.") if fp8 else None)
     if num_splits <= 0:
