@@ -46,6 +46,7 @@ spending minutes on their nested min/max/div.
 """
 
 
+import functools
 import math
 
 import tilelang
@@ -336,6 +337,7 @@ def decode_config(dim: int, dim_v: int) -> dict:
     return {"block_n": 64, "num_stages": 2, "threads": 128}
 
 
+@functools.lru_cache(maxsize=4096)  # on every call's host path; a pure function of three ints
 def choose_splits(ctas: int, n_blocks: int, slots: int) -> int:
     """Splits of each sequence's key blocks so that ``ctas * splits`` CTAs fill the GPU.
 
