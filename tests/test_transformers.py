@@ -533,3 +533,45 @@ def test_attention_forward_sinks_and_softcap_match_eager_formula():
     logits = torch.cat([scores, sinks.reshape(1, 4, 1, 1).expand(2, 4, 10, 1)], dim=-1)
     probs = logits.softmax(-1)[..., :-1]
     torch.testing.assert_close(out, (probs @ vv).transpose(1, 2), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (None, 20.0)])
+def test_decode_steps_through_the_kvcache_kernel_match_dense(monkeypatch, sq, window, softcap):
+    """With FLASHTILE_HF_DECODE_KERNEL=1 a decode step (few queries over the whole cache, no
+    mask) runs flash_attn_with_kvcache on the cache folded to (batch x kv heads) entries; it
+    must equal the dense path on the same inputs (GQA grouping, bottom-right causal, window,
+    softcap)."""
+    from flashtile.integrations import transformers as tb
+
+    g = torch.Generator().manual_seed(sq)
+    q = torch.randn(2, 6, sq, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 3, 11, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    module = torch.nn.Module()
+    args = dict(scaling=0.3, sliding_window=window, softcap=softcap, is_causal=True)
+    with torch.no_grad():
+        monkeypatch.setenv(tb.DECODE_KERNEL_ENV, "0")
+        dense, _ = tb.attention_forward(module, q, k, v, None, **args)
+        monkeypatch.setenv(tb.DECODE_KERNEL_ENV, "1")
+        called = []
+        real = tb._decode_over_cache
+        monkeypatch.setattr(tb, "_decode_over_cache", lambda *a: called.append(1) or real(*a))
+        routed, _ = tb.attention_forward(module, q, k, v, None, **args)
+    assert called and tb._decode_over_cache is not real
+    torch.testing.assert_close(routed, dense, atol=1e-12, rtol=1e-12)
+
+
+def test_greedy_generation_with_decode_kernel_route_matches_eager(monkeypatch):
+    """model.generate with decode steps routed through flash_attn_with_kvcache (opt-in)."""
+    from flashtile.integrations import transformers as tb
+
+    monkeypatch.setenv(tb.DECODE_KERNEL_ENV, "1")
+    routed = []
+    real = tb._decode_over_cache
+    monkeypatch.setattr(tb, "_decode_over_cache", lambda *a: (lambda r: routed.append(r is not None) or r)(real(*a)))
+    ref, ours = _pair(*CONFIGS["mistral_sliding"])
+    ref.eval(), ours.eval()
+    prompt = _ids(batch=1, seq=6)
+    kwargs = dict(max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    torch.testing.assert_close(ours.generate(prompt, **kwargs), ref.generate(prompt, **kwargs), atol=0, rtol=0)
+    assert sum(routed) >= 9, f"decode steps routed: {sum(routed)} of {len(routed)}"  # 9 steps x layers

@@ -9,7 +9,8 @@ loaded and otherwise when it loads (``flashtile/integrations/autoregister.py``; 
 ``register()`` adds two functions to transformers' global registries:
 
 - ``attention_forward`` to ``AttentionInterface``: the attention itself, through
-  ``flashtile.flash_attn_func``;
+  ``flashtile.flash_attn_func`` (or, opt-in with ``FLASHTILE_HF_DECODE_KERNEL=1``, unmasked
+  decode steps through ``flash_attn_with_kvcache``'s decode kernel: ``_decode_over_cache``);
 - ``attention_mask`` to ``AttentionMaskInterface``: the mask builder.  Like flash-attn's, it
   returns ``None``, because flashtile builds causal / sliding-window masks from the model's
   arguments; before doing so it checks that the mask the model asked for is one flashtile
@@ -367,6 +368,47 @@ def _packed_documents(position_ids: torch.Tensor, b: int, s: int) -> Optional[tu
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
+# Decode steps through the KV-cache decode kernel: opt-in until the route has run on a GPU.
+DECODE_KERNEL_ENV = "FLASHTILE_HF_DECODE_KERNEL"
+_DECODE_MAX_Q = 16  # new tokens per step (speculative decoding proposes a few)
+
+
+def _decode_over_cache(query, key, value, opts: dict) -> Optional[torch.Tensor]:
+    """A decode step -- a few new queries over the model's whole key cache, no mask -- through
+    ``flash_attn_with_kvcache``'s split-KV decode kernel instead of the dense kernel, or None
+    when the step does not qualify (the caller then runs ``flash_attn_func``).
+
+    query (b, h, sq, d) and key/value (b, hkv, sk, d) as transformers passes them (contiguous
+    after its cache update).  Each (batch entry, kv head) becomes one cache entry with one kv
+    head: ``key.reshape(b * hkv, sk, 1, d)`` is a view, so no cache bytes are copied; the
+    queries of that kv head's group (heads ``hk * g .. hk * g + g - 1``, the grouping of
+    ``repeat_kv``) become its query heads.  Bottom-right causal / window alignment over the
+    ``sk`` keys is the same rule as ``flash_attn_func``'s.  Not with sinks (their per-head
+    values would need the folded head index).
+    """
+    import os
+
+    if os.environ.get(DECODE_KERNEL_ENV, "0") in ("", "0") or opts["sinks"] is not None or torch.is_grad_enabled():
+        return None
+    b, h, sq, d = query.shape
+    hkv, sk, dv = key.shape[1], key.shape[2], value.shape[-1]
+    if not (0 < sq <= _DECODE_MAX_Q and sq < sk and h % hkv == 0 and key.is_contiguous() and value.is_contiguous()):
+        return None
+    from ..kvcache import flash_attn_with_kvcache
+
+    g = h // hkv
+    kc, vc = key.reshape(b * hkv, sk, 1, d), value.reshape(b * hkv, sk, 1, dv)
+    q = query.reshape(b, hkv, g, sq, d).permute(0, 1, 3, 2, 4).reshape(b * hkv, sq, g, d)
+    if q.is_cuda:
+        from ..kernels.decode import unsupported_reason
+
+        if unsupported_reason(q, kc, vc) is not None:
+            return None
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sk, softmax_scale=opts["softmax_scale"],
+                                  causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"])
+    return out.reshape(b, hkv, sq, g, dv).permute(0, 2, 1, 3, 4).reshape(b, sq, h, dv)
+
+
 def attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -449,6 +491,10 @@ def attention_forward(
     if attention_mask is not None:
         folded = (window[0], 0) if is_causal else window
         _check_dense_mask(attention_mask, sq, sk, folded, q.device)
+    elif not _tracing(query):
+        out = _decode_over_cache(query, key, value, opts)
+        if out is not None:
+            return out, None
     return flash_attn_func(q, k, v, **opts), None
 
 
