@@ -15,6 +15,7 @@ bf16, 32 query heads, 8 kv heads, d = 128; (batch, cache length) in CASES (issue
   this is the number the bandwidth roofline is about; cuDNN is timed the same way;
 - achieved bandwidth = (K and V bytes the call must read + q + out) / time, and that as a % of
   the read bandwidth measured in the same run (``x.sum()`` over a 2 GiB tensor);
+- ``flex``: FlexAttention (``torch.compile``d once, graph-replayed) on the same views;
 - ``cudnn`` / ``flash``: PyTorch SDPA with that backend forced, dense q over the contiguous
   cache (a strided view, GQA through ``enable_gqa``; for seqlen_q > 1 a bottom-right causal
   mask, ``causal_lower_right``); ``fa``: flash_attn.flash_attn_with_kvcache on the same cache.
@@ -103,6 +104,26 @@ def sdpa_fn(backend, q, kc, vc, L, sq):
     return run
 
 
+_FLEX = {}
+
+
+def flex_fn(q, kc, vc, L, sq, compile=True):
+    """FlexAttention over the first L cache rows (BHSD views, GQA through ``enable_gqa``; for
+    seqlen_q > 1 a bottom-right causal block mask), compiled once per process as users run it."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if compile and "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention)  # shapes turn dynamic after the first recompile
+    fn = _FLEX["fn"] if compile else flex_attention
+    qt = q.transpose(1, 2)
+    kt, vt = kc[:, :L].transpose(1, 2), vc[:, :L].transpose(1, 2)
+    mask = None
+    if sq > 1:
+        off = L - sq
+        mask = create_block_mask(lambda b, h, qi, ki: ki <= qi + off, None, None, sq, L, device=q.device)
+    return lambda: fn(qt, kt, vt, block_mask=mask, enable_gqa=True)
+
+
 def reference_entry0(q, kc, vc, L, sq):
     """fp32 math for batch entry 0: (sq, H, D)."""
     k0 = kc[0, :L].float().repeat_interleave(H // HKV, dim=1)  # (L, H, D)
@@ -155,7 +176,8 @@ def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
                          flashtile_s=tg, flashtile_graph_s=tg, flashtile_append_s=None,
                          flashtile_gbs=io_bytes / tg / 1e9, flashtile_pct_bw=100 * io_bytes / tg / bw,
                          speedup_vs_bf16_cache=(t16 / tg) if t16 else None, err_vs_fp32=err, wrong=err > 5e-2,
-                         cudnn_s=None, cudnn_graph_s=None, flash_s=None, fa_s=None, sdpa_notes={}, tiles={}))
+                         cudnn_s=None, cudnn_graph_s=None, flash_s=None, fa_s=None, flex_graph_s=None, sdpa_notes={},
+                         tiles={}))
         print(f"{B:>3} {L:>7} {sq:>2} {layout + '-fp8':>12} {kv_bytes / 2**20:7.0f} | graph {tg * 1e6:9.1f} us "
               f"{100 * io_bytes / tg / bw:5.1f} %bw, {t16 / tg if t16 else float('nan'):.2f}x the bf16 cache | err {err:.1e}"
               f"{' WRONG' if err > 5e-2 else ''}", flush=True)
@@ -174,8 +196,8 @@ def write(out_dir, rows, props, bw):
         f.write(f"# decode, {props.name}, read bandwidth {bw / 1e9:.0f} GB/s (x.sum over 2 GiB)\n\n")
         f.write("bf16, 32 q heads, 8 kv heads, d=128, causal; times in us (do_bench median; graph: replayed from a CUDA "
                 "graph); % bw = of measured read bandwidth, from the graph time where there is one\n\n")
-        f.write("| B | cache len | sq | layout | K+V MB | flashtile us | graph us | GB/s | % bw | +append us | cuDNN us | cuDNN graph us | % bw | flash us | % bw | flash-attn us | max err |\n")
-        f.write("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+        f.write("| B | cache len | sq | layout | K+V MB | flashtile us | graph us | GB/s | % bw | +append us | cuDNN us | cuDNN graph us | % bw | flash us | % bw | FlexAttention us | % bw | flash-attn us | max err |\n")
+        f.write("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
         for r in rows:
             io = r["flashtile_gbs"] * 1e9 * (r["flashtile_graph_s"] or r["flashtile_s"])
             c = lambda s: f"{s * 1e6:.1f}" if s else "-"  # noqa: E731
@@ -183,7 +205,7 @@ def write(out_dir, rows, props, bw):
             f.write(f"| {r['batch']} | {r['seqlen_cache']} | {r['seqlen_q']} | {r['layout']} | {r['cache_mb']:.0f} | "
                     f"{r['flashtile_s'] * 1e6:.1f} | {c(r['flashtile_graph_s'])} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
                     f"{c(r['flashtile_append_s'])} | {c(r['cudnn_s'])} | {c(r['cudnn_graph_s'])} | {p(r['cudnn_graph_s'] or r['cudnn_s'])} | {c(r['flash_s'])} | "
-                    f"{p(r['flash_s'])} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
+                    f"{p(r['flash_s'])} | {c(r.get('flex_graph_s'))} | {p(r.get('flex_graph_s'))} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
 
 
 def main(argv=None):
@@ -210,7 +232,8 @@ def main(argv=None):
     print(f"{props.name}, {props.multi_processor_count} SMs; measured read bandwidth {bw / 1e9:.0f} GB/s")
     rows = []
     header = (f"{'B':>3} {'L':>7} {'sq':>2} {'layout':>8} {'MB':>7} | {'flashtile us':>12} {'graph us':>8} {'GB/s':>6} {'%bw':>5} "
-              f"{'+append us':>10} | {'cudnn us':>9} {'graph us':>8} {'%bw':>5} {'flash us':>9} {'%bw':>5} {'fa us':>8} | err")
+              f"{'+append us':>10} | {'cudnn us':>9} {'graph us':>8} {'%bw':>5} {'flash us':>9} {'%bw':>5} {'flex us':>9} {'%bw':>5} "
+              f"{'fa us':>8} | err")
     print(header)
     for B, L in QUICK if args.quick else CASES:
         torch.cuda.empty_cache()
@@ -229,9 +252,9 @@ def main(argv=None):
             io_bytes = kv_bytes + 2 * q.numel() * DT.itemsize
             ref0 = reference_entry0(q, kc, vc, L, sq)
             sdpa = {}
-            for be in ("cudnn", "flash"):
+            for be in ("cudnn", "flash", "flex"):
                 try:
-                    fn = sdpa_fn(be, q, kc, vc, L, sq)
+                    fn = flex_fn(q, kc, vc, L, sq) if be == "flex" else sdpa_fn(be, q, kc, vc, L, sq)
                     fn()
                     sdpa[be] = bench(fn)
                     sdpa[be + "_graph"] = bench_graph(fn)
@@ -281,6 +304,7 @@ def main(argv=None):
                            cudnn_s=sdpa["cudnn"] if page is None else None,
                            cudnn_graph_s=sdpa.get("cudnn_graph") if page is None else None,
                            flash_s=sdpa["flash"] if page is None else None, fa_s=fa_t,
+                           flex_graph_s=(sdpa.get("flex_graph") or sdpa.get("flex")) if page is None else None,
                            sdpa_notes={k: v for k, v in sdpa.items() if k.endswith("_why")}, tiles=sweep)
                 rows.append(row)
                 fmt = lambda s: f"{s * 1e6:9.1f}" if s else f"{'-':>9}"  # noqa: E731
@@ -289,7 +313,8 @@ def main(argv=None):
                 cg = row["cudnn_graph_s"] or row["cudnn_s"]
                 print(f"{B:>3} {L:>7} {sq:>2} {layout:>8} {kv_bytes / 2**20:7.0f} | {t * 1e6:12.1f} {fmt(tg)[1:]} {io_bytes / best / 1e9:6.0f} "
                       f"{100 * io_bytes / best / bw:5.1f} {ta * 1e6:10.1f} | {fmt(row['cudnn_s'])} {fmt(row['cudnn_graph_s'])[1:]} {pct(cg)} "
-                      f"{fmt(row['flash_s'])} {pct(row['flash_s'])} {fmt(fa_t)[1:]} | {err:.1e}{' WRONG' if err > 2e-2 else ''}",
+                      f"{fmt(row['flash_s'])} {pct(row['flash_s'])} {fmt(row['flex_graph_s'])} {pct(row['flex_graph_s'])} "
+                      f"{fmt(fa_t)[1:]} | {err:.1e}{' WRONG' if err > 2e-2 else ''}",
                       flush=True)
                 write(args.out, rows, props, bw)
                 for name, r in sweep.items():
