@@ -136,13 +136,20 @@ def reference_entry0(q, kc, vc, L, sq):
 
 
 def quantize_cache(kc):
-    """kc (B, cap, Hkv, D) -> (float8_e4m3fn copy, descale (B, Hkv) float32), amax scaling per
-    (entry, kv head), one entry at a time (no full-size float32 temporary)."""
-    kd = torch.stack([kc[b].abs().amax(dim=(0, 2)).float() / 448 for b in range(kc.shape[0])]).clamp_min(1e-12)
-    k8 = torch.empty(kc.shape, dtype=torch.float8_e4m3fn, device=kc.device)
-    for b in range(kc.shape[0]):
-        k8[b] = (kc[b].float() / kd[b][None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return k8, kd
+    """kc (B, cap, Hkv, D) -> (float8_e4m3fn copy, descale (B, Hkv) float32): flashtile.fp8's
+    amax scaling per (entry, kv head), one entry at a time (no full-size float32 temporary)."""
+    from flashtile.fp8 import quantize_fp8
+
+    parts = [quantize_fp8(kc[b : b + 1]) for b in range(kc.shape[0])]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def entry0_rows(cache, L, page, kw):
+    """Entry 0's first L logical cache rows (L, Hkv, D): through the block table when paged."""
+    if page is None:
+        return cache[0, :L]
+    pos = torch.arange(L, device=cache.device)
+    return cache[kw["block_table"][0].long()[pos // page], pos % page]
 
 
 def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
@@ -161,13 +168,8 @@ def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
         call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
                                                k_descale=kd, v_descale=vd, **kw)
         out = call()
-        # entry 0's logical rows (through the block table when paged), dequantized with its descales
-        pos = torch.arange(L, device=kc.device)
-        if page is None:
-            rows0 = lambda c: c[0, :L]  # noqa: E731
-        else:
-            rows0 = lambda c: c[kw["block_table"][0].long()[pos // page], pos % page]  # noqa: E731
-        deq = lambda c, d: (rows0(c).float() * d[0][None, :, None])[None]  # noqa: E731
+        # entry 0's logical rows, dequantized with its descales
+        deq = lambda c, d: (entry0_rows(c, L, page, kw).float() * d[0][None, :, None])[None]  # noqa: E731
         err = (out[0].float() - reference_entry0(q, deq(kcache, kd), deq(vcache, vd), L, sq)).abs().max().item()
         tg = bench_graph(call) or bench(call)
         ref = bf16_rows.get(layout, {})
@@ -270,12 +272,8 @@ def main(argv=None):
                 out = call()
                 if page is None:
                     err = (out[0].float() - ref0).abs().max().item()
-                else:
-                    # entry 0's logical rows through the table, against the same fp32 math
-                    pos = torch.arange(L, device=dev)
-                    k0 = kcache[kw["block_table"][0].long()[pos // page], pos % page]
-                    v0 = vcache[kw["block_table"][0].long()[pos // page], pos % page]
-                    r = reference_entry0(q, k0[None], v0[None], L, sq)
+                else:  # entry 0's logical rows through the table, against the same fp32 math
+                    r = reference_entry0(q, entry0_rows(kcache, L, page, kw)[None], entry0_rows(vcache, L, page, kw)[None], L, sq)
                     err = (out[0].float() - r).abs().max().item()
                 t = bench(call)
                 tg = bench_graph(call)

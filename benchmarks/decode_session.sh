@@ -10,16 +10,13 @@ set -uo pipefail
 out=${1:-${OUT:-device-out}/decode}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
-t0=$(date +%s)
-FILL_S=${PRECOMPILE_S:-100} bash benchmarks/kernel_cache.sh fill 8 decode > "$out/precompile.log" 2>&1
-echo "precompile: $(( $(date +%s) - t0 ))s" | tee "$out/summary.txt"
-t0=$(date +%s)
-timeout "${TESTS_S:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kvcache.py > "$out/gpu_kvcache.log" 2>&1
-echo "kvcache gpu tests: $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/gpu_kvcache.log")" | tee -a "$out/summary.txt"
+. "$(dirname "${BASH_SOURCE[0]}")/session_steps.sh"
+: > "$out/summary.txt"
+# kernel_cache.sh enforces PRECOMPILE_S itself (killing the whole build process group)
+step precompile 900 "$out/precompile.log" env FILL_S="${PRECOMPILE_S:-100}" bash benchmarks/kernel_cache.sh fill 8 decode
+step "kvcache gpu tests" "${TESTS_S:-180}" "$out/gpu_kvcache.log" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kvcache.py
 grep -E "^(FAILED|ERROR)" "$out/gpu_kvcache.log" | head -30
-t0=$(date +%s)
-timeout "${BENCH_S:-290}" python3 benchmarks/decode_bench.py --out "$out" ${BENCH_FLAGS:-} > "$out/decode_bench.log" 2>&1
-rc=$?
-echo "decode bench: $(( $(date +%s) - t0 ))s (rc $rc)" | tee -a "$out/summary.txt"
-cat "$out/decode_bench.log" | tail -70
+# shellcheck disable=SC2086 - BENCH_FLAGS is a list of flags
+step "decode bench" "${BENCH_S:-290}" "$out/decode_bench.log" python3 benchmarks/decode_bench.py --out "$out" ${BENCH_FLAGS:-}
+tail -n 70 "$out/decode_bench.log"
 cat "$out/summary.txt"

@@ -95,11 +95,10 @@ run_tool() {
     # main_kernel) reading unwritten memory is a bug; a PyTorch kernel reading a flashtile output
     # is initcheck not tracking TMA stores when the probe says so and the poisoned warm-up
     # proved every output element written.
-    local own foreign
-    own=$(grep -A1 'Uninitialized __global__' "$out/$tool.log" | grep -cE '^=+ +at (main_kernel|.*_kernel_kernel)')
-    foreign=$(( $(grep -c 'Uninitialized __global__' "$out/$tool.log") - own ))
-    line="$line; reports read by flashtile kernels: $own, by PyTorch kernels: $foreign"
+    local own
     python3 "$here/initcheck_attribution.py" "$out/$tool.log" > "$out/initcheck-cases.txt" 2>&1
+    line="$line; $(tail -n 1 "$out/initcheck-cases.txt")"
+    own=$(tail -n 1 "$out/initcheck-cases.txt" | grep -oE 'flashtile kernels: [0-9]+' | grep -oE '[0-9]+$')
     head -n 40 "$out/initcheck-cases.txt" >> "$summary"
     if [ "$own" = 0 ] && [ "$rc" = 99 ] && [ "${TMA_BLIND:-0}" = 1 ]; then
       line="$line (TMA-store blind spot: not counted as a failure)"

@@ -35,6 +35,12 @@ MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 LAYOUTS = ("bshd", "thd")
 
 
+def saturate(x: Tensor) -> Tensor:
+    """float32 values already divided by their descale -> float8_e4m3fn, rounded to nearest even
+    and saturated at +-448 (a plain cast would turn out-of-range values into NaN)."""
+    return x.clamp(-MAX, MAX).to(DTYPE)
+
+
 def _fail(fn: str, kind, arg: str, expected: str, given) -> None:
     raise kind(f"{fn}: {arg} must be {expected}, got {given}")
 
@@ -104,7 +110,7 @@ def quantize_fp8(
         idx = _token_batch(cu_seqlens.to(x.device), x.shape[0])[:, None].expand(-1, hs)
         amax = xf.new_zeros(b, hs).scatter_reduce(0, idx, tok, "amax", include_self=True)
     descale = torch.where(amax > 0, amax / MAX, torch.ones_like(amax))
-    x8 = (_scale(xf, descale, cu_seqlens, divide=True)).clamp(-MAX, MAX).to(DTYPE)
+    x8 = saturate(_scale(xf, descale, cu_seqlens, divide=True))
     return x8, descale.contiguous()
 
 

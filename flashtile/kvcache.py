@@ -29,12 +29,12 @@ import torch
 from torch import Tensor
 
 from . import reference
-from .validation import check_scale, check_sinks, check_softcap, check_window, describe, fail, is_int
+from .fp8 import DTYPE as FP8
+from .fp8 import saturate
+from .validation import check_descales, check_scale, check_sinks, check_softcap, check_window, describe, fail, is_int
 
 FN = "flash_attn_with_kvcache"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-FP8 = torch.float8_e4m3fn  # an FP8 KV cache (with k_descale / v_descale)
-FP8_MAX = 448.0
 MAX_HEADDIM = 256
 
 
@@ -116,21 +116,8 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         capacity = page
         if cache_batch_idx is None and nblocks != b:
             _fail(ValueError, "k_cache.shape[0] (batch_cache)", f"q's batch {b} when cache_batch_idx is None", nblocks)
-    for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
-        if not fp8:
-            if x is not None:
-                _fail(ValueError, name, "None (descales go with a float8_e4m3fn cache)", describe(x))
-            continue
-        if x is None:
-            _fail(ValueError, name, "a float32 tensor (batch, nheads_kv) for a float8_e4m3fn cache", "None")
-        if not isinstance(x, torch.Tensor):
-            _fail(TypeError, name, "a torch.Tensor", describe(x))
-        if x.dtype != torch.float32:
-            _fail(TypeError, f"{name}.dtype", "torch.float32", x.dtype)
-        if tuple(x.shape) != (b, hkv):
-            _fail(ValueError, name, f"shape (batch, nheads_kv) = ({b}, {hkv})", f"shape {tuple(x.shape)}")
-        if x.device != dev:
-            _fail(ValueError, f"{name}.device", f"q's device {dev}", x.device)
+    check_descales(FN, (("k_descale", k_descale), ("v_descale", v_descale)), fp8, b, hkv, dev, "a float8_e4m3fn cache",
+                   f"a {k_cache.dtype} cache (descales go with a float8_e4m3fn cache)")
     if cache_batch_idx is not None:
         _int_tensor("cache_batch_idx", cache_batch_idx, (b,), "(batch,)", dev)
     if cache_leftpad is not None:
@@ -277,8 +264,8 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tabl
     headroom)."""
     b, snew = k.shape[:2]
     if k_cache.dtype == FP8:
-        k = (k.float() / k_descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        v = (v.float() / v_descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        k = saturate(k.float() / k_descale[:, None, :, None])
+        v = saturate(v.float() / v_descale[:, None, :, None])
     pos = cache_seqlens.long()[:, None] + torch.arange(snew, device=k.device)
     if block_table is None:
         rows = torch.arange(b, device=k.device) if cache_batch_idx is None else cache_batch_idx.long()

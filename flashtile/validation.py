@@ -183,24 +183,17 @@ def check_fp8_mix(fn: str, q, k, v) -> None:
              f"{q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def check_fp8_options(fn: str, q, k, v, sinks, q_descale, k_descale, v_descale, out_dtype, batch: int, nheads_kv: int) -> None:
-    """The FP8 options: descales ``(batch, nheads_kv)`` float32 on q's device exactly when q, k, v
-    are float8_e4m3fn; ``out_dtype`` bf16/fp16 (or None) for FP8, None or q's dtype otherwise.
-    FP8 attention is forward-only (flash-attn 3's FP8 path has no backward): inputs that would
-    need a gradient are refused."""
-    descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
-    if q.dtype != FP8_DTYPE:
+def check_descales(fn: str, descales, fp8: bool, batch: int, nheads_kv: int, device, fp8_what: str, plain_what: str) -> None:
+    """FP8 descales ``((name, tensor or None), ...)``: each float32 ``(batch, nheads_kv)`` on
+    ``device`` when ``fp8`` (the tensors they scale are float8_e4m3fn: ``fp8_what``), each None
+    otherwise (``plain_what`` says why).  Shared by the attention functions' q/k/v descales and
+    the KV cache's k/v descales."""
+    if not fp8:
         for name, t in descales:
             if t is not None:
-                fail(fn, ValueError, name, f"None for non-FP8 inputs (q.dtype is {q.dtype}; descales go with float8_e4m3fn q, k, v)",
-                     describe(t))
-        if out_dtype is not None and out_dtype != q.dtype:
-            fail(fn, ValueError, "out_dtype", f"None or q's dtype {q.dtype} for non-FP8 inputs (out_dtype applies to float8_e4m3fn inputs)",
-                 describe(out_dtype))
+                fail(fn, ValueError, name, f"None for {plain_what}", describe(t))
         return
-    if out_dtype is not None and out_dtype not in FP8_OUT_DTYPES:
-        fail(fn, TypeError, "out_dtype", "None (bfloat16), torch.bfloat16 or torch.float16 for FP8 inputs", describe(out_dtype))
-    expected = f"a float32 tensor of shape (batch, nheads_kv) = ({batch}, {nheads_kv}) for float8_e4m3fn inputs"
+    expected = f"a float32 tensor of shape (batch, nheads_kv) = ({batch}, {nheads_kv}) for {fp8_what}"
     for name, t in descales:
         if t is None:
             fail(fn, ValueError, name, expected + " (real value = stored value x descale)", "None")
@@ -210,8 +203,26 @@ def check_fp8_options(fn: str, q, k, v, sinks, q_descale, k_descale, v_descale, 
             fail(fn, TypeError, f"{name}.dtype", "torch.float32", t.dtype)
         if t.shape != (batch, nheads_kv):
             fail(fn, ValueError, name, f"shape (batch, nheads_kv) = ({batch}, {nheads_kv})", f"shape {tuple(t.shape)}")
-        if t.device != q.device:
-            fail(fn, ValueError, f"{name}.device", f"q's device {q.device}", t.device)
+        if t.device != device:
+            fail(fn, ValueError, f"{name}.device", f"q's device {device}", t.device)
+
+
+def check_fp8_options(fn: str, q, k, v, sinks, q_descale, k_descale, v_descale, out_dtype, batch: int, nheads_kv: int) -> None:
+    """The FP8 options: descales ``(batch, nheads_kv)`` float32 on q's device exactly when q, k, v
+    are float8_e4m3fn; ``out_dtype`` bf16/fp16 (or None) for FP8, None or q's dtype otherwise.
+    FP8 attention is forward-only (flash-attn 3's FP8 path has no backward): inputs that would
+    need a gradient are refused."""
+    descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    fp8 = q.dtype == FP8_DTYPE
+    check_descales(fn, descales, fp8, batch, nheads_kv, q.device, "float8_e4m3fn inputs",
+                   f"non-FP8 inputs (q.dtype is {q.dtype}; descales go with float8_e4m3fn q, k, v)")
+    if not fp8:
+        if out_dtype is not None and out_dtype != q.dtype:
+            fail(fn, ValueError, "out_dtype", f"None or q's dtype {q.dtype} for non-FP8 inputs (out_dtype applies to float8_e4m3fn inputs)",
+                 describe(out_dtype))
+        return
+    if out_dtype is not None and out_dtype not in FP8_OUT_DTYPES:
+        fail(fn, TypeError, "out_dtype", "None (bfloat16), torch.bfloat16 or torch.float16 for FP8 inputs", describe(out_dtype))
     if torch.is_grad_enabled():
         for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks)) + descales:
             if t is not None and t.requires_grad:

@@ -69,6 +69,7 @@ loudly at run time.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -77,6 +78,7 @@ import transformers
 from transformers import masking_utils
 
 from ..interface import flash_attn_func
+from ..kvcache import flash_attn_with_kvcache
 from ..varlen import flash_attn_varlen_func
 from ..reference import visible_mask
 
@@ -386,16 +388,12 @@ def _decode_over_cache(query, key, value, opts: dict) -> Optional[torch.Tensor]:
     ``sk`` keys is the same rule as ``flash_attn_func``'s.  Not with sinks (their per-head
     values would need the folded head index).
     """
-    import os
-
     if os.environ.get(DECODE_KERNEL_ENV, "0") in ("", "0") or opts["sinks"] is not None or torch.is_grad_enabled():
         return None
     b, h, sq, d = query.shape
     hkv, sk, dv = key.shape[1], key.shape[2], value.shape[-1]
     if not (0 < sq <= _DECODE_MAX_Q and sq < sk and h % hkv == 0 and key.is_contiguous() and value.is_contiguous()):
         return None
-    from ..kvcache import flash_attn_with_kvcache
-
     g = h // hkv
     kc, vc = key.reshape(b * hkv, sk, 1, d), value.reshape(b * hkv, sk, 1, dv)
     q = query.reshape(b, hkv, g, sq, d).permute(0, 1, 3, 2, 4).reshape(b * hkv, sq, g, d)

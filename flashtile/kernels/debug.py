@@ -33,9 +33,13 @@ def new_output(shape, dtype, device) -> torch.Tensor:
     return x
 
 
-def dummy_sinks(nheads: int, device) -> torch.Tensor:
-    """A placeholder for the kernels' Sinks argument when there are no sinks.
+def placeholder(*shape: int, device) -> torch.Tensor:
+    """A float32 tensor for a kernel argument that this structure never reads (a compile-time
+    branch: Sinks without sinks, the FP8 descales of a bf16 cache), so no fill kernel is
+    launched for it."""
+    return torch.empty(shape, dtype=torch.float32, device=device)
 
-    Never read (sinks off is a compile-time branch), so no fill kernel is launched for it.
-    """
-    return torch.empty(nheads, dtype=torch.float32, device=device)
+
+def dummy_sinks(nheads: int, device) -> torch.Tensor:
+    """The kernels' Sinks argument when there are no sinks (``placeholder``)."""
+    return placeholder(nheads, device=device)

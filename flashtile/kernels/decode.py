@@ -453,8 +453,8 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     out_rows, lse_rows = out.view(-1, dv), lse.view(-1)
     if fp8:
         kdesc, vdesc = k_descale.float().contiguous(), v_descale.float().contiguous()
-    else:  # never read (the descales are a compile-time branch): no fill kernel
-        kdesc = vdesc = torch.empty(b, hkv, dtype=torch.float32, device=dev)
+    else:
+        kdesc = vdesc = debug.placeholder(b, hkv, device=dev)
     decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
            out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
            page_size, page_shift, sq)
