@@ -9,7 +9,9 @@
 # separate cubin cache (cuda-binaries/) is not needed there.  `fill` builds what the device sessions' GPU suites and benchmarks run (dense, packed, decode);
 # ~10 MB packed for ~150 kernels.
 #
-#   bash benchmarks/kernel_cache.sh fill [JOBS] [dense|varlen|decode ...]  # build into the cache
+#   bash benchmarks/kernel_cache.sh fill [JOBS] [dense|varlen|fp8|decode ...]  # build into the cache
+#   bash benchmarks/kernel_cache.sh mark     # before a fill: every entry looks unused ...
+#   bash benchmarks/kernel_cache.sh prune    # ... after it: drop the entries the fill did not load
 #   bash benchmarks/kernel_cache.sh pack     # here: local cache -> .carry/kernels.tar.xz
 #   bash benchmarks/kernel_cache.sh unpack   # device: .carry/kernels.tar.xz -> $TILELANG_CACHE_DIR
 set -euo pipefail
@@ -30,7 +32,7 @@ case ${1:-} in
       exit "$rc"
     fi
     pc="python3 -m flashtile.kernels.precompile --jobs ${2:-2}"
-    groups=${*:3}; groups=${groups:-dense varlen decode}
+    groups=${*:3}; groups=${groups:-dense varlen fp8 decode}
     for g in $groups; do
       case $g in
         dense)  # tests/test_gpu_kernels.py, test_gpu_integration.py, test_degenerate.py, flashtile bench
@@ -40,12 +42,33 @@ case ${1:-} in
           $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det
           $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
           $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd;;
+        fp8)  # tests/test_gpu_fp8.py, flashtile bench's flashtile-fp8 (--dtype: the output's)
+          $pc --headdim 64 128 192/128 256 40 80/72 --dtype bfloat16 --features plain --passes fwd8
+          $pc --headdim 128 --dtype bfloat16 float16 --features plain sinks softcap both --passes fwd8
+          $pc --headdim 64 128 256 --dtype bfloat16 --features plain --passes vfwd8
+          $pc --headdim 128 --dtype bfloat16 --features both --passes vfwd8;;
         decode)  # tests/test_gpu_kvcache.py, benchmarks/decode_bench.py
           $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode
           $pc --headdim 64 128 192/128 --features plain both --passes decode-fp8;;
-        *) echo "unknown group $g (dense, varlen, decode)" >&2; exit 2;;
+        *) echo "unknown group $g (dense, varlen, fp8, decode)" >&2; exit 2;;
       esac
     done;;
+  mark|prune)
+    # Stale entries (kernels whose TIR changed) are never loaded again but would travel.  The
+    # disk is mounted relatime: a read updates a file's atime only when it is not newer than its
+    # mtime, so `mark` sets every atime far back and `prune` removes the entries that no process
+    # read since (run the fills, and sanitize_cases.py --precompile, in between).
+    dir=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver/linux-x86_64/kernels
+    if [ "$1" = mark ]; then
+      find "$dir" -type f -exec touch -a -d 2000-01-01 {} +
+      echo "marked $(ls "$dir" | wc -l) entries"
+    else
+      n=0
+      for e in "$dir"/*/; do
+        if [ -z "$(find "$e" -type f -newerat 2001-01-01 | head -1)" ]; then rm -rf "$e"; n=$((n + 1)); fi
+      done
+      echo "pruned $n entries, $(ls "$dir" | wc -l) left"
+    fi;;
   pack)
     src=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver
     tar -C "$src" -cf - linux-x86_64 | xz -T2 -6 > .carry/kernels.tar.xz
@@ -57,5 +80,5 @@ case ${1:-} in
       xz -dc .carry/kernels.tar.xz | tar -C "$dst" -xf -
       echo "unpacked $(ls "$dst/linux-x86_64/kernels" | wc -l) kernels into $dst"
     fi;;
-  *) echo "usage: $0 pack|unpack" >&2; exit 2;;
+  *) echo "usage: $0 fill|mark|prune|pack|unpack" >&2; exit 2;;
 esac

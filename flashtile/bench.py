@@ -52,8 +52,8 @@ from . import reference
 from .flops import MODES, attention_flops
 from .interface import flash_attn_func, normalize_window
 
-BACKENDS = ("flashtile", "cudnn", "flash", "efficient", "flex", "flash-attn", "sdpa")
-GPU_BACKENDS = ("flashtile", "cudnn", "flash", "efficient", "flex", "flash-attn")
+BACKENDS = ("flashtile", "flashtile-fp8", "cudnn", "flash", "efficient", "flex", "flash-attn", "sdpa")
+GPU_BACKENDS = ("flashtile", "flashtile-fp8", "cudnn", "flash", "efficient", "flex", "flash-attn")
 CPU_BACKENDS = ("flashtile", "sdpa")
 MODE_TITLES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 BASELINE_LABELS = {"cudnn": "cuDNN", "sdpa": "SDPA"}
@@ -64,6 +64,9 @@ DTYPES = {
 }
 # (out, gradients): max |x - ref| <= tol * max |ref| against the float32 reference.
 TOLERANCES = {torch.bfloat16: (2e-2, 5e-2), torch.float16: (1e-2, 3e-2), torch.float32: (1e-4, 1e-3)}
+# flashtile-fp8 against the float32 reference of the unquantized inputs: q, k, v and P rounded to
+# e4m3 (3 mantissa bits) move the output by a few percent of its largest value (README "FP8").
+FP8_TOLERANCE = 1e-1
 
 # Default grid on CUDA.  nheads * headdim = 2048 as in flash-attn's benchmark; GQA 4:1 only at
 # the LLM head dim keeps the whole grid (48 cases x 3 modes x 5-6 backends) inside ~6 minutes
@@ -397,6 +400,7 @@ class Runner:
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     fallback: Optional[Callable[[], "Runner"]] = None  # tried when the first call fails ...
     fallback_on: tuple[str, ...] = ("unsupported",)  # ... with one of these words
+    forward_only: bool = False  # no backward (FP8): bwd / fwd+bwd are reported unsupported
 
 
 class Inputs:
@@ -428,6 +432,23 @@ def _flashtile(case: Case, inp: Inputs, device: str) -> Runner:
         return flash_attn_func(inp.q, inp.k, inp.v, causal=case.causal, window_size=case.window)
 
     return Runner(fwd, [inp.q, inp.k, inp.v], inp.dout)
+
+
+def _flashtile_fp8(case: Case, inp: Inputs, device: str) -> Runner:
+    """flashtile's FP8 forward.  q, k, v are quantized once, outside the timed region (an FP8
+    model holds them in FP8 already); V's transposing pre-pass runs inside every call and is
+    timed (``kernels/operands.py``)."""
+    if device != "cuda":
+        raise Unsupported("FP8 kernels need a Hopper GPU")
+    from . import fp8
+
+    q8, k8, v8, qd, kd, vd = fp8.quantize_qkv(inp.q.detach(), inp.k.detach(), inp.v.detach())
+
+    def fwd():
+        return flash_attn_func(q8, k8, v8, causal=case.causal, window_size=case.window, q_descale=qd, k_descale=kd,
+                               v_descale=vd, out_dtype=inp.q.dtype)
+
+    return Runner(fwd, [], inp.dout, "e4m3, forward only", forward_only=True)
 
 
 def _sdpa(case: Case, inp: Inputs, device: str, backend: Optional[str]) -> Runner:
@@ -549,6 +570,7 @@ def _flash_attn(case: Case, inp: Inputs, device: str) -> Runner:
 
 FACTORIES = {
     "flashtile": _flashtile,
+    "flashtile-fp8": _flashtile_fp8,
     "cudnn": functools.partial(_sdpa, backend="cudnn"),
     "flash": functools.partial(_sdpa, backend="flash"),
     "efficient": functools.partial(_sdpa, backend="efficient"),
@@ -586,13 +608,15 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return err / max(scale, 1e-6) if math.isfinite(err) else float("inf")
 
 
-def check_flashtile(case: Case, inp: Inputs, out: torch.Tensor, grads, dtype: torch.dtype) -> Optional[str]:
+def check_flashtile(case: Case, inp: Inputs, out: torch.Tensor, grads, dtype: torch.dtype, fp8: bool = False) -> Optional[str]:
     """None when flashtile's out (and dq, dk, dv) match the float32 reference, else what differs.
 
     Compared on batch 0 and the query heads of the first kv head (two heads for MHA), so the
     check stays cheap at 16k tokens; the reference runs on the same device.
     """
     tol_out, tol_grad = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    if fp8:
+        tol_out = FP8_TOLERANCE
     group = case.nheads // case.nheads_kv
     hk = min(case.nheads_kv, 1 if group > 1 else 2)
     hq = hk * group
@@ -859,14 +883,16 @@ def _prime_backend(plan, case, inp, backend, results, need_bwd, reporter) -> Opt
                 fail(plan.modes, failure)
                 return None
         grads = None
-        if need_bwd:
+        if need_bwd and runner.forward_only:
+            fail([m for m in plan.modes if m != "fwd"], ("unsupported", "forward only"))
+        elif need_bwd:
             try:
                 grads = torch.autograd.grad(out, runner.leaves, runner.dout)
             except Exception as e:  # noqa: BLE001
                 fail([m for m in plan.modes if m != "fwd"], classify(e))
-        if backend == "flashtile" and plan.check:
+        if backend.startswith("flashtile") and plan.check:
             try:
-                bad_fwd = check_flashtile(case, inp, out, None, plan.dtype)
+                bad_fwd = check_flashtile(case, inp, out, None, plan.dtype, fp8=backend == "flashtile-fp8")
                 if bad_fwd:
                     fail(plan.modes, ("mismatch", bad_fwd))
                 elif grads is not None:

@@ -160,8 +160,9 @@ def flash_attn_func(
             convention (real value = stored value x descale; q's scale is shared by the query
             heads of a kv head's group).  None for other dtypes.  ``flashtile.fp8.quantize_qkv``
             makes them.  FP8 is forward-only (inputs requiring grad are refused, as flash-attn 3
-            has no FP8 backward) and runs on CPU (exact: dequantize, then the reference); CUDA
-            raises NotImplementedError until the FP8 kernels exist.
+            has no FP8 backward).  CUDA (Hopper) runs the FP8 kernels: both GEMMs in FP8, P
+            quantized in registers (README "FP8" has the accuracy); CPU is exact (dequantize,
+            then the reference).
         out_dtype: keyword only; FP8 inputs: torch.bfloat16 (default, None) or torch.float16.
             Other inputs: None (out is in q's dtype).
 
@@ -181,7 +182,6 @@ def flash_attn_func(
     ):
         V.check_flag(FN, name, flag)
     validate(q, k, v, softmax_scale, window_size, sinks, softcap, fp8=(q_descale, k_descale, v_descale, out_dtype))
-    V.refuse_fp8_on_cuda(q)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     left, right = normalize_window(causal, window_size)

@@ -7,8 +7,8 @@ tensors run the TileLang kernels of ``flashtile.kernels`` (which raise ``NotImpl
 for a case no kernel covers, never a silent slow path).
 
 FP8 inputs (float8_e4m3fn q, k, v with the ``*_descale`` options; ``flashtile.fp8``) are forward
-only: on CPU they are dequantized to float32 and run the reference; on CUDA they are refused
-before any work until FP8 kernels exist; ``bwd`` refuses them.
+only: on CPU they are dequantized to float32 and run the reference; on CUDA they run the FP8
+forward kernels (``kernels.operands``); ``bwd`` refuses them.
 
 Autograd: ``fwd``'s backward is the ``bwd`` op; ``bwd``'s backward (double backward, e.g. for a
 gradient penalty) is the ``bwd_bwd`` op (PyTorch math; CPU, or CUDA on request).
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from . import fp8, reference
-from .validation import FP8_CUDA_REFUSAL, FP8_DTYPE
+from .validation import FP8_DTYPE
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
@@ -70,7 +70,9 @@ def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
     window = (window_left, window_right)
     if q.dtype == FP8_DTYPE:
         if q.device.type == "cuda":
-            raise NotImplementedError(FP8_CUDA_REFUSAL)  # before any work; no kernel yet
+            out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, window, softcap,
+                                          fp8=(q_descale, k_descale, v_descale, out_dtype))
+            return _fresh(out), _fresh(lse)
         if q.device.type != "cpu":
             raise _no_device(q.device)
         with torch.no_grad():

@@ -80,6 +80,7 @@ def attention_forward(
     sinks: torch.Tensor | None = None,
     softcap: float = 0.0,
     chunk: int = DEFAULT_CHUNK,
+    round_p=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference forward.
 
@@ -87,6 +88,9 @@ def attention_forward(
         q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_kv, headdim);
         v: (batch, seqlen_k, nheads_kv, headdim_v); sinks: (nheads,) logits or None.
         window: (left, right) after causal has been folded in (causal == right 0).
+        round_p: None, or a function applied to the weights ``exp(s - row max)`` (in (0, 1])
+            before they multiply V (the normaliser stays unrounded): the FP8 accuracy baseline
+            rounds them as the FP8 kernel rounds P (``tests/test_gpu_fp8.py``).
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype and
         lse (batch, nheads, seqlen_q) float32 (float64 for float64 input), natural log.
@@ -110,7 +114,7 @@ def attention_forward(
         if sink is not None:
             l = l + torch.exp(sink - m)
         lse = torch.log(l) + m  # l == 0 gives -inf, as the contract asks
-        p = e / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+        p = (e if round_p is None else round_p(e)) / torch.where(l > 0, l, torch.ones_like(l))[..., None]
         o = torch.einsum("bhgqk,bkhd->bqhgd", p, vf)
         outs.append(o.reshape(b, rows.numel(), h, v.shape[-1]))  # explicit sizes: any may be 0
         lses.append(lse.reshape(b, h, rows.numel()))
@@ -216,8 +220,10 @@ def varlen_attention_forward(
     seqused_q: torch.Tensor | None = None,
     seqused_k: torch.Tensor | None = None,
     chunk: int = DEFAULT_CHUNK,
+    round_p=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference forward over packed sequences: ``attention_forward`` on each sequence's slice.
+    """Reference forward over packed sequences: ``attention_forward`` on each sequence's slice
+    (``round_p`` as there).
 
     q: (total_q, nheads, d); k: (total_k, nheads_kv, d); v: (total_k, nheads_kv, d_v).
     Returns out (total_q, nheads, d_v) and lse (nheads, total_q) in ``accum_dtype``; query rows
@@ -230,7 +236,8 @@ def varlen_attention_forward(
         if lq == 0:
             continue
         o, l = attention_forward(
-            q[None, qs : qs + lq], k[None, ks : ks + lk], v[None, ks : ks + lk], softmax_scale, window, sinks, softcap, chunk
+            q[None, qs : qs + lq], k[None, ks : ks + lk], v[None, ks : ks + lk], softmax_scale, window, sinks, softcap, chunk,
+            round_p,
         )
         out[qs : qs + lq] = o[0]
         lse[:, qs : qs + lq] = l[0]

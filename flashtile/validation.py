@@ -158,11 +158,6 @@ _OTHER_FP8 = {
     for name in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
     if hasattr(torch, name)
 }
-FP8_CUDA_REFUSAL = (
-    "flashtile: no CUDA kernel for FP8 attention yet (float8_e4m3fn inputs); dequantize to bf16 or use CPU tensors"
-)
-
-
 def check_fp8_dtype(fn: str, name: str, x) -> None:
     """Refuse FP8 formats other than float8_e4m3fn with the reason (before the generic dtype check)."""
     if isinstance(x, torch.Tensor) and x.dtype in _OTHER_FP8.values():
@@ -231,11 +226,3 @@ def check_fp8_options(fn: str, q, k, v, sinks, q_descale, k_descale, v_descale, 
                     "flash-attn 3: no gradients are produced. Run it under torch.no_grad() / "
                     "torch.inference_mode() or pass detached tensors; train in bf16/fp16."
                 )
-
-
-def refuse_fp8_on_cuda(q) -> None:
-    """FP8 attention runs on CPU (exact reference) only until the FP8 kernels exist: a CUDA
-    float8_e4m3fn call is refused before any work (``kernels.unsupported_reason`` would only
-    name the dtype)."""
-    if q.dtype == FP8_DTYPE and q.device.type == "cuda":
-        raise NotImplementedError(FP8_CUDA_REFUSAL)

@@ -97,7 +97,7 @@ def flash_attn_varlen_func(
         q_descale, k_descale, v_descale, out_dtype: FP8 inputs (float8_e4m3fn q, k, v), as in
             ``flash_attn_func``: float32 descales (batch, nheads_kv), batch =
             ``len(cu_seqlens_q) - 1``; out in ``out_dtype`` (bfloat16 default, or float16).
-            Forward only; CPU only until the FP8 kernels exist.
+            Forward only; CUDA runs the FP8 kernels, CPU the exact reference.
 
     Returns:
         out (total_q, nheads, headdim_v) in q's dtype (FP8: ``out_dtype``); lse (nheads, total_q) float32 (float64
@@ -114,7 +114,6 @@ def flash_attn_varlen_func(
         V.check_flag(FN, name, flag)
     validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
              softcap, sinks, seqused_q, seqused_k, fp8=(q_descale, k_descale, v_descale, out_dtype))
-    V.refuse_fp8_on_cuda(q)
     if content_checks_enabled(q.device):
         check_seqlens(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
     if softmax_scale is None:
@@ -257,7 +256,11 @@ def _window(o: Options) -> tuple[int, int]:
 def _fwd_impl(q, k, v, o: Options):
     if q.dtype == V.FP8_DTYPE:
         if q.device.type == "cuda":
-            raise NotImplementedError(V.FP8_CUDA_REFUSAL)  # before any work; no kernel yet
+            out, lse = _kernel("varlen_forward")(
+                q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k, o.max_seqlen_q, o.max_seqlen_k,
+                o.sinks, o.softmax_scale, _window(o), o.softcap, fp8=(o.q_descale, o.k_descale, o.v_descale, o.out_dtype),
+            )
+            return out.contiguous(), lse.contiguous()
         if q.device.type != "cpu":
             raise ops._no_device(q.device)
         with torch.no_grad():

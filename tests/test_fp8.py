@@ -1,6 +1,7 @@
 """FP8 (float8_e4m3fn) attention on the host side: the CPU path (dequantize, then exact attention)
 for every mask feature, dense and packed; the quantization helpers (round-trip bound, rotation);
-named errors; the CUDA refusal; torch.compile and opcheck.  The error a rotation saves on
+named errors; the CUDA path's host side (V^T with its key permutation, dispatch); torch.compile and
+opcheck.  The CUDA kernels themselves: ``tests/test_gpu_fp8.py``.  The error a rotation saves on
 outlier inputs is measured at full size by ``benchmarks/fp8_accuracy.py``."""
 
 from __future__ import annotations
@@ -285,30 +286,125 @@ def test_fp8_is_forward_only(which):
         out.float().sum().backward()
 
 
-# --- CUDA refusal, compile, opcheck -------------------------------------------------------------
+# --- the CUDA path's host side: V^T and its key permutation, dispatch ------------------------------
 
 
-def test_cuda_fp8_refused_before_any_work(monkeypatch):
-    """Fake CUDA tensors (no GPU needed): the public functions and the ops' CUDA branch raise the
-    FP8 message before touching data or importing the kernels."""
+def _key_perm_reference(n):
+    """Column j of a 16-key group holds key 8a + 2q + c where j = 4q + 2a + c (written out)."""
+    out = []
+    for j in range(n):
+        g, r = divmod(j, 16)
+        q, rest = divmod(r, 4)
+        a, c = divmod(rest, 2)
+        out.append(16 * g + 8 * a + 2 * q + c)
+    return out
+
+
+def test_key_of_column_is_a_permutation_of_each_group():
+    from flashtile.kernels.operands import key_of_column
+
+    cols = torch.arange(64)
+    assert key_of_column(cols).tolist() == _key_perm_reference(64)
+    assert [key_of_column(j) for j in range(64)] == _key_perm_reference(64)
+    assert sorted(_key_perm_reference(16)) == list(range(16))
+
+
+def _e4m3(*shape, gen):
+    return (torch.randn(*shape, generator=gen) * 3).to(E4M3)
+
+
+@pytest.mark.parametrize("sk", [1, 15, 16, 17, 40, 64])
+def test_transpose_v_dense(sk):
+    """V^T column n of (b, kv head, channel) is key perm(n) of that row; zero past Sk."""
+    from flashtile.kernels.operands import padded_keys, transpose_v
+
+    gen = torch.Generator().manual_seed(sk)
+    v = _e4m3(2, sk, 3, 24, gen=gen)
+    vt = transpose_v(v)
+    skp = padded_keys(sk)
+    assert vt.shape == (2, 3, 24, skp) and vt.dtype == E4M3 and skp % 16 == 0 and skp >= sk
+    keys = torch.tensor(_key_perm_reference(skp))
+    want = torch.zeros(2, 3, 24, skp)
+    valid = keys < sk
+    want[..., valid] = v.float()[:, keys[valid]].permute(0, 2, 3, 1)
+    assert torch.equal(vt.float(), want), f"transpose_v wrong for Sk={sk}"
+
+
+def test_transpose_v_packed():
+    """Sequence b's keys start at the 16-aligned column v_offsets[b], permuted per group; keys past
+    seqused and every gap are zero; a length-0 sequence takes no key."""
+    from flashtile.kernels.operands import packed_v_columns, transpose_v_packed, v_offsets
+
+    gen = torch.Generator().manual_seed(7)
+    cu = torch.tensor([0, 5, 5, 22, 39], dtype=torch.int32)
+    lens = torch.tensor([5, 0, 17, 12], dtype=torch.int32)  # the last sequence uses 12 of 17 keys
+    v = _e4m3(39, 2, 8, gen=gen)
+    vt = transpose_v_packed(v, cu, lens)
+    cols = packed_v_columns(39, 4)
+    assert vt.shape == (1, 2, 8, cols)
+    starts = v_offsets(cu).tolist()
+    want = torch.zeros(2, 8, cols)
+    for b in range(4):
+        assert starts[b] % 16 == 0 and (b == 0 or starts[b] >= starts[b - 1] + int(lens[b - 1]))
+        n = int(lens[b])
+        span = (n + 15) // 16 * 16
+        keys = _key_perm_reference(span)
+        for j, key in enumerate(keys):
+            if key < n:
+                want[:, :, starts[b] + j] = v[int(cu[b]) + key].float()
+    assert starts[-1] + 16 <= cols
+    assert torch.equal(vt[0].float(), want)
+
+
+def test_permuted_p_times_permuted_vt_is_p_times_v():
+    """What the kernel computes per key block: P's column j is S's column key_of_column(j) (the
+    register renaming) and V^T's column j is key key_of_column(j) (the pre-pass), so their product
+    is P V for every 16-aligned block start."""
+    from flashtile.kernels.operands import key_of_column, transpose_v
+
+    gen = torch.Generator().manual_seed(3)
+    s = torch.rand(5, 48, generator=gen)
+    v = _e4m3(1, 48, 1, 8, gen=gen)
+    vt = transpose_v(v)[0, 0].float()  # (8, 48)
+    want = s @ v[0, :, 0].float()
+    for n0 in (0, 16, 32):
+        cols = torch.arange(16)
+        p = s[:, n0 + key_of_column(cols)]
+        got = p @ vt[:, n0 : n0 + 16].T
+        torch.testing.assert_close(got, s[:, n0 : n0 + 16] @ v[0, n0 : n0 + 16, 0].float(), msg=f"block {n0}")
+    assert torch.allclose(sum(s[:, n0 + key_of_column(torch.arange(16))] @ vt[:, n0 : n0 + 16].T for n0 in (0, 16, 32)), want)
+
+
+def test_cuda_fp8_dispatches_to_the_fp8_kernel(monkeypatch):
+    """Fake CUDA tensors (no GPU needed): the ops' CUDA branch hands FP8 calls to the kernels with the
+    descales and the output dtype, dense and packed."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(ops, "_kernels", lambda: (_ for _ in ()).throw(AssertionError("kernels imported")))
-    msg = r"flashtile: no CUDA kernel for FP8 attention yet \(float8_e4m3fn inputs\); dequantize to bf16 or use CPU tensors"
+    calls = []
+
+    class Kernels:
+        @staticmethod
+        def forward(q, k, v, sinks, scale, window, softcap, packed=None, fp8=None):
+            calls.append(("dense", fp8))
+            return q.new_empty(*q.shape[:-1], v.shape[-1], dtype=fp8[3]), q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+
+        @staticmethod
+        def varlen_forward(q, k, v, *args, fp8=None):
+            calls.append(("varlen", fp8))
+            return q.new_empty(*q.shape[:-1], v.shape[-1], dtype=fp8[3]), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+    monkeypatch.setattr(ops, "_kernels", lambda: Kernels)
     with FakeTensorMode():
         q8, k8, v8 = (torch.empty(2, 5, n, 16, device="cuda", dtype=E4M3) for n in (4, 2, 2))
         qd = kd = vd = torch.empty(2, 2, device="cuda")
-        with pytest.raises(NotImplementedError, match=msg):
-            flashtile.flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+        out, _ = ops._fwd_impl(q8, k8, v8, None, 0.25, -1, -1, 0.0, qd, kd, vd, torch.float16)
+        assert out.dtype == torch.float16
         cu = torch.empty(3, device="cuda", dtype=torch.int32)
         flat = [x.reshape(10, x.shape[2], 16) for x in (q8, k8, v8)]
-        with pytest.raises(NotImplementedError, match=msg):
-            flashtile.flash_attn_varlen_func(*flat, cu, cu, 5, 5, q_descale=qd, k_descale=kd, v_descale=vd)
-        with pytest.raises(NotImplementedError, match=msg):
-            ops._fwd_impl(q8, k8, v8, None, 0.25, -1, -1, 0.0, qd, kd, vd, torch.bfloat16)
-        o = varlen.Options(cu, cu, None, None, 5, 5, None, 0.25, -1, -1, 0.0, False, qd, kd, vd, torch.bfloat16)
-        with pytest.raises(NotImplementedError, match=msg):
-            varlen._fwd_impl(*flat, o)
+        o = varlen.Options(cu, cu, None, None, 5, 5, None, 0.25, -1, -1, 0.0, False, qd, kd, vd, None)
+        varlen._fwd_impl(*flat, o)
+    assert [c[0] for c in calls] == ["dense", "varlen"]
+    assert calls[0][1][3] == torch.float16 and calls[1][1][3] is None and all(c[1][0] is qd for c in calls)
 
 
 def test_compile_fullgraph_fp8():

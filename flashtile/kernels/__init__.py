@@ -21,9 +21,10 @@ from . import configs
 from .target import capability as _capability
 
 
-def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """Why no kernel runs this call, or None when one does."""
-    if q.dtype not in configs.DTYPES:
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_only: bool = False) -> str | None:
+    """Why no kernel runs this call, or None when one does (``forward_only``: a forward, which
+    also takes float8_e4m3fn)."""
+    if q.dtype not in configs.DTYPES and not (forward_only and q.dtype == configs.FP8_DTYPE):
         return f"dtype {q.dtype} on CUDA (kernels take float16 and bfloat16; cast, or use CPU tensors)"
     major, minor = _capability(q.device)
     if major != 9:
@@ -49,25 +50,30 @@ def _prepare(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 def _pad_headdim(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``x`` with zero columns appended up to ``dim`` (``configs.kernel_headdim``)."""
-    return x if x.shape[-1] == dim else torch.nn.functional.pad(x, (0, dim - x.shape[-1]))
+    if x.shape[-1] == dim:
+        return x
+    if x.dtype == configs.FP8_DTYPE:  # F.pad has no float8 kernel: pad the bytes (0 is +0.0)
+        return torch.nn.functional.pad(x.view(torch.int8), (0, dim - x.shape[-1])).view(x.dtype)
+    return torch.nn.functional.pad(x, (0, dim - x.shape[-1]))
 
 
-def _require(q, k, v) -> None:
-    reason = unsupported_reason(q, k, v)
+def _require(q, k, v, forward_only: bool = False) -> None:
+    reason = unsupported_reason(q, k, v, forward_only)
     if reason is not None:
         raise NotImplementedError(f"flashtile: no CUDA kernel for {reason}")
 
 
-def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None):
+def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None, fp8=None):
     """(out, lse) on CUDA; see ``launch.launch_forward``.  ``packed``: None for a dense batch,
-    else the ``launch.Packed`` of a packed one (``varlen_forward``)."""
+    else the ``launch.Packed`` of a packed one (``varlen_forward``).  ``fp8``: None, or
+    ``(q_descale, k_descale, v_descale, out_dtype)`` for float8_e4m3fn q, k, v."""
     from .launch import launch_forward
 
-    _require(q, k, v)
+    _require(q, k, v, forward_only=True)
     d, dv = q.shape[-1], v.shape[-1]
-    dp, dvp = configs.kernel_headdims(d, dv, "fwd")
+    dp, dvp = configs.kernel_headdims(d, dv, "fwd8" if fp8 is not None else "fwd")
     q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
-    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed)
+    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
     return out[..., :dv], lse
 
 
@@ -101,10 +107,11 @@ def _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, m
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                   sinks, softmax_scale, window, softcap):
-    """(out (total_q, H, Dv), lse (H, total_q) float32) on CUDA for a packed batch."""
+                   sinks, softmax_scale, window, softcap, fp8=None):
+    """(out (total_q, H, Dv), lse (H, total_q) float32) on CUDA for a packed batch (``fp8`` as
+    in ``forward``)."""
     packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    return forward(q, k, v, sinks, softmax_scale, window, softcap, packed)
+    return forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
 
 
 def varlen_backward(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,

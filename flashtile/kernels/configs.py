@@ -21,10 +21,12 @@ ARCH = "sm_90a"
 # QK^T GEMM's K and the PV GEMM's N must be multiples of 16 for WGMMA, and the backward's K and
 # dO tiles at an odd multiple of 16 (48, 80, 112, ...) get two conflicting shared-memory layouts
 # in TileLang 0.1.15 ("Get different layout for k_s"), so the backward takes multiples of 32.
-# Larger than 256 does not fit the register file.
-HEADDIM_STEP = {"fwd": 16, "bwd": 32}
+# Larger than 256 does not fit the register file.  FP8 ("fwd8"): an FP8 WGMMA's K slice is 32
+# elements, so q/k head dims are multiples of 32 (v's stays 16: it is the P V GEMM's N).
+HEADDIM_STEP = {"fwd": 16, "bwd": 32, "fwd8": 32}
 MAX_HEADDIM = 256
 DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPE = torch.float8_e4m3fn  # forward only (``operands``)
 MASK_KINDS = ("full", "local")  # local = causal and/or sliding window
 
 
@@ -106,8 +108,8 @@ def kernel_headdim(dim: int, pass_: str) -> int:
 
 
 def kernel_headdims(dim: int, dim_v: int, pass_: str) -> tuple[int, int]:
-    """``kernel_headdim`` of both head dims (q/k's and v's)."""
-    return kernel_headdim(dim, pass_), kernel_headdim(dim_v, pass_)
+    """``kernel_headdim`` of both head dims (q/k's and v's; FP8's v follows the forward's step)."""
+    return kernel_headdim(dim, pass_), kernel_headdim(dim_v, "fwd" if pass_ == "fwd8" else pass_)
 
 
 def mask_kind(window: tuple[int, int]) -> str:
@@ -122,6 +124,8 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     block count, which a packed batch only has on the device."""
     if "fwd" in overrides:
         return overrides["fwd"]
+    if dtype in (FP8_DTYPE, "float8_e4m3fn"):
+        return fp8_fwd_config(dim, dim_v)
     if varlen:
         from dataclasses import replace
 
@@ -148,6 +152,19 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     # walk).  H100 d=256 (h100-2026-11-22/fwd-d256): 1-4% faster than the auto-pipelined kernel
     # at every seqlen 1k-16k, causal or not (before pingpong it measured -5% at 16k).
     return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256, manual_ws=True, pingpong=True)
+
+
+def fp8_fwd_config(dim: int, dim_v: int) -> FwdConfig:
+    """FP8 forward tiles (dense and packed alike): the hand-written kernel, one tile per CTA
+    (the persistent pairs have no FP8 path yet).  Key blocks are multiples of 32 (P is the
+    P V GEMM's A operand, K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256
+    takes 128 keys where bf16 takes 80."""
+    widest = max(dim, dim_v)
+    if widest <= 64:
+        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
+    if widest <= 128:
+        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
+    return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
 
 
 def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap: bool = False) -> BwdConfig:

@@ -35,6 +35,7 @@ import tilelang.language as T
 from . import seqinfo
 from .fwd import forward_prim_func
 from .masks import TileMask, pipelined_trips, query_tile
+from .operands import Operands, tile_scales
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import tile_pair
 from .softmax import online_softmax, tile_fragments
@@ -88,8 +89,9 @@ def fwd_ws_prim_func(
     tiles_per_cta: int = 1,
     varlen: bool = False,
     num_sms: int = 132,
+    out_dtype: str = None,
 ):
-    """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel``, plus ``pingpong`` (the
+    """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
     1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (``num_sms`` CTAs, one
     per SM of the device, walk all pairs).  Packed (``varlen``) batches take the one-tile
@@ -97,10 +99,14 @@ def fwd_ws_prim_func(
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
+    ops = Operands(dtype, out_dtype)
+    assert tiles_per_cta == 1 or not ops.fp8, "FP8 runs one tile per CTA"
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
-    load_kv = kv_pipeline_producer(block_n)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset)
+    cast_p = ops.p_caster(block_m, block_n)
+    v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
+    load_kv = kv_pipeline_producer(block_n, ops)
     take_turn, pass_turn = gemm_turns(pingpong, n_wg)
 
     @T.macro
@@ -127,14 +133,14 @@ def fwd_ws_prim_func(
                     if not pingpong:
                         rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
                     T.barrier_wait(v_full[st], (i & 1) ^ phase)
-                    T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                    T.wgmma_gemm(p, v_s[st, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)
                     pass_turn(wg)
                     T.wait_wgmma(1)
                     T.barrier_arrive(k_empty[1 - st])
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
                     T.wait_wgmma(0)
                     T.barrier_arrive(v_empty[st])
-                    T.copy(s, p)
+                    cast_p(s, p)
                     if pingpong:
                         rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
 
@@ -156,9 +162,9 @@ def fwd_ws_prim_func(
         with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=total) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
-            v_s = T.alloc_shared([2, block_n, dim_v], dtype)
+            v_s = T.alloc_shared(v_ring, dtype)
             # Q is dead after the last S GEMM: its tile holds the output when shapes agree.
-            o_s = q_s if dim_v == dim else T.alloc_shared([block_m, dim_v], dtype)
+            o_s = q_s if dim_v == dim and not ops.fp8 else T.alloc_shared([block_m, dim_v], ops.out_dtype)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
             bar_q = T.alloc_barrier(arrive_count=total)
             k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
@@ -168,6 +174,7 @@ def fwd_ws_prim_func(
             seq = seqs.of(b)
             mask = TileMask(seq, left, right)
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask)
+            score_scale, cap_in, out_scale = tile_scales(ops, Sinks, H, Hkv, seqs.batch, seq.batch, h // (H // Hkv), score_scale, cap_in, has_softcap)
             mask_args = (m0, last_row, mask, score_scale, cap_in)
             # Q's load starts before the register hand-over (setmaxnreg) the consumers wait for.
             T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s, barrier=bar_q)
@@ -193,7 +200,7 @@ def fwd_ws_prim_func(
                     T.wait_wgmma(0)
                     T.barrier_arrive(k_empty[0])
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
-                    T.copy(s, p)
+                    cast_p(s, p)
                 block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args)
                 if n_blocks > 0:  # the last block's P V (its V sits in stage (n_blocks - 1) % 2)
                     last = n_blocks - 1
@@ -202,9 +209,9 @@ def fwd_ws_prim_func(
                             if not pingpong:
                                 rescale(o, alpha)
                             T.barrier_wait(v_full[st], (last // 2) & 1)
-                            T.wgmma_gemm(p, v_s[st, :, :], o, policy=FULL_ROW)
+                            T.wgmma_gemm(p, v_s[st, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)
                             T.wait_wgmma(0)
-                finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale)
+                finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale, out_scale)
                 # Dense: through o_s by TMA, ordered by TileLang's sync pass (PASS_CONFIGS).
                 seqinfo.store_q_tile(seq, o, o_s, O, m0, block_m, h, dim_v, lse, LSE)
 
@@ -309,7 +316,7 @@ def fwd_ws_prim_func(
                                 T.barrier_wait(v_full[0], phase)
                             take_turn(wg)
                             T.wgmma_gemm(q_s[slot, :, :], k_s[0, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                            T.wgmma_gemm(p, v_s[prev_last % 2, :, :], o, policy=FULL_ROW)  # a runtime stage: no branch between the wgmmas
+                            T.wgmma_gemm(p, v_s[prev_last % 2, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)  # a runtime stage: no branch between the wgmmas
                             pass_turn(wg)
                             T.wait_wgmma(1)
                             T.barrier_arrive(k_empty[0])
@@ -323,7 +330,7 @@ def fwd_ws_prim_func(
                                 T.barrier_arrive(v_empty[prev_last % 2])
                                 epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
                             T.clear(o)
-                            T.copy(s, p)
+                            cast_p(s, p)
                             block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
                             T.barrier_arrive(q_empty[slot])  # every S GEMM of the tile has retired
                             if not pingpong:
@@ -344,13 +351,13 @@ def fwd_ws_prim_func(
                             tiles = tiles + 1
                 # The CTA's last tile: its P V and epilogue with nothing to overlap.
                 take_turn(wg)
-                T.wgmma_gemm(p, v_s[prev_last % 2, :, :], o, policy=FULL_ROW)  # a runtime stage: no branch between the wgmmas
+                T.wgmma_gemm(p, v_s[prev_last % 2, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)  # a runtime stage: no branch between the wgmmas
                 pass_turn(wg)
                 T.wait_wgmma(0)
                 T.barrier_arrive(v_empty[prev_last % 2])
                 epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
 
-    return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel)
+    return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel, out_dtype)
 
 
 # Two compilations of one builder.  The paired schedule orders its shared memory by hand

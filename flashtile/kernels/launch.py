@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from . import cache, configs, debug, target
+from . import cache, configs, debug, operands, target
 from .masks import host_window
 from .softmax import LOG2E
 
@@ -81,21 +81,27 @@ def _scores(softmax_scale: float, softcap: float) -> tuple[float, float]:
 
 
 def forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool, window=(-1, -1),
-                   varlen: bool = False, num_sms: int = 132):
-    """The compiled forward for one static structure (tiles and builder from ``configs.fwd_config``)."""
+                   varlen: bool = False, num_sms: int = 132, out_dtype: Optional[str] = None):
+    """The compiled forward for one static structure (tiles and builder from ``configs.fwd_config``;
+    ``out_dtype`` for FP8 inputs, ``operands``)."""
     cfg = configs.fwd_config(dim, dim_v, dtype, configs.mask_kind(window), varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
     if cfg.manual_ws and cfg.tiles_per_cta != 1:
         static["num_sms"] = num_sms
+    if dtype == operands.FP8:
+        static["out_dtype"] = out_dtype or "bfloat16"
     return cache.get(configs.builder(cfg), cfg, **static)
 
 
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float,
-                   packed: Optional[Packed] = None):
+                   packed: Optional[Packed] = None, fp8: Optional[tuple] = None):
     """(out, lse): dense out (B, Sq, H, Dv), lse (B, H, Sq); packed out (total_q, H, Dv),
-    lse (H, total_q); float32 natural-log lse."""
+    lse (H, total_q); float32 natural-log lse.  ``fp8``: None, or ``(q_descale, k_descale,
+    v_descale, out_dtype)`` for float8_e4m3fn q, k, v (descales (batch, Hkv) float32; out in
+    ``out_dtype``, bfloat16 if None)."""
     h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
-    out = debug.new_output((*q.shape[:-1], dv), q.dtype, q.device)
+    out_dtype = q.dtype if fp8 is None else (fp8[3] or torch.bfloat16)
+    out = debug.new_output((*q.shape[:-1], dv), out_dtype, q.device)
     lse = debug.new_output((h, q.shape[0]) if packed else (q.shape[0], h, q.shape[1]), torch.float32, q.device)
     if out.numel() == 0 and lse.numel() == 0:
         return out, lse
@@ -114,8 +120,11 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
     if packed is not None and (packed.batch == 0 or packed.max_q == 0):
         return out, lse
     kernel = forward_kernel(d, dv, _dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                            target.sm_count(q.device))
+                            target.sm_count(q.device), _dtype_name(out_dtype))
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, q.device)
+    if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
+        v = operands.transpose_v(v) if packed is None else operands.transpose_v_packed(v, packed.cu_k, packed.lens_k)[0]
+        sinks32 = operands.params(sinks32, *fp8[:3])
     left, right = host_window(window)
     scalars = (*_scores(softmax_scale, softcap), left, right)
     if packed is None:

@@ -21,11 +21,12 @@ def kv_pipeline_barriers(consumer_threads: int):
             T.alloc_barrier(arrive_count=empty), T.alloc_barrier(arrive_count=empty))
 
 
-def kv_pipeline_producer(block_n: int):
+def kv_pipeline_producer(block_n: int, ops=None):
     """Macro ``load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, seq,
     phase=0)``: TMA-load key blocks ``kb_lo .. kb_lo + n_blocks - 1`` of head ``hk`` into the
     ring, from wherever ``seq`` (``seqinfo.Sequence``, the block source) says its rows sit.  Run by one warpgroup (the full barriers count its 128 arrivals).  ``phase``: parity
-    of the ring's uses before this call (a persistent CTA walks several tiles through it)."""
+    of the ring's uses before this call (a persistent CTA walks several tiles through it).
+    ``ops``: the forward's ``operands.Operands`` (FP8 loads V^T tiles), None for 16-bit V."""
 
     @T.macro
     def load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, hk, seq, phase=0):
@@ -38,7 +39,8 @@ def kv_pipeline_producer(block_n: int):
                     T.tma_copy(seq.k_rows(K, n0, block_n, hk), k_s[st, :, :], barrier=k_full[st])
                     T.barrier_arrive(k_full[st])
                     T.barrier_wait(v_empty[st], (i & 1) ^ 1 ^ phase)
-                    T.tma_copy(seq.k_rows(V, n0, block_n, hk), v_s[st, :, :], barrier=v_full[st])
+                    v_tile = seq.k_rows(V, n0, block_n, hk) if ops is None else ops.v_rows(seq, V, n0, block_n, hk)
+                    T.tma_copy(v_tile, v_s[st, :, :], barrier=v_full[st])
                     T.barrier_arrive(v_full[st])
 
     return load_kv

@@ -21,9 +21,11 @@ FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, 
 
 
 # bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches;
+# fwd8: the FP8 forward (float8_e4m3fn q, k, v; ``--dtype`` is then the output's dtype);
 # decode: the KV-cache split-KV decode kernel and its combine kernel; decode-fp8: the same over a
 # float8_e4m3fn cache.
-PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "decode", "decode-fp8")
+PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "fwd8", "vfwd8", "decode",
+          "decode-fp8")
 
 
 def structures(headdims, dtypes, features, passes=PASSES):
@@ -32,13 +34,16 @@ def structures(headdims, dtypes, features, passes=PASSES):
     for (d, dv), dtype, feat, p in itertools.product(headdims, dtypes, features, passes):
         varlen = p.startswith("v")
         base = p.removeprefix("v")
-        dim, dim_v = configs.kernel_headdims(d, dv, "fwd" if base == "fwd" else "bwd")
+        dim, dim_v = configs.kernel_headdims(d, dv, base if base in ("fwd", "fwd8") else "bwd")
         has_sinks, has_softcap = FEATURES[feat]
         if p.startswith("decode"):  # the decode kernel serves user head dims as they are
             kw = dict(dim=d, dim_v=dv, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
             yield p, kw if p == "decode" else {**kw, "cache_dtype": "float8_e4m3fn"}
         elif base == "fwd":
             yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
+        elif base == "fwd8":
+            yield p, dict(dim=dim, dim_v=dim_v, dtype="float8_e4m3fn", has_sinks=has_sinks, has_softcap=has_softcap,
+                          varlen=varlen, out_dtype=dtype)
         elif not has_sinks:  # sinks do not change the backward kernels
             yield p, dict(
                 dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=base == "bwd-lse",
@@ -54,7 +59,7 @@ def build(p: str, kwargs: dict) -> str:
     if p.startswith("decode"):
         get_decode_kernels(**kwargs)
     else:
-        forward_kernel(**kwargs) if p.endswith("fwd") else backward_kernels(**kwargs)
+        forward_kernel(**kwargs) if "fwd" in p else backward_kernels(**kwargs)
     return f"{p:8s} {kwargs} {time.time() - t:.1f}s"
 
 

@@ -32,7 +32,7 @@ class Sequence:
     sequence's data (they must then be masked explicitly, ``rows_checked``).
     """
 
-    def __init__(self, varlen: bool, b, len_q, len_k, q0=0, k0=0, s0=None, key_lo=None, off=None):
+    def __init__(self, varlen: bool, b, len_q, len_k, q0=0, k0=0, s0=None, key_lo=None, off=None, v0=0):
         self.varlen = varlen
         self.b = 0 if varlen else b  # index into dim 0 of the tensors
         self.batch = b  # the batch entry (sinks, scheduling)
@@ -42,6 +42,8 @@ class Sequence:
         # loads them with the row as the innermost dimension, whose start must be 16-byte
         # aligned, so a packed batch gives every sequence a 4-aligned start there.
         self.s0 = q0 if s0 is None else s0
+        # First column of the sequence in an FP8 forward's V^T (``operands``: 16-aligned).
+        self.v0 = v0
         self.off = len_k - len_q if off is None else off  # a caller may hold it in a register
         self.rows_checked = varlen
         # First visible key (a KV cache's left padding), or None: every key from 0.
@@ -56,6 +58,11 @@ class Sequence:
         """Rows [n0, n0 + rows) of head ``hk`` of a key-side tensor (K, V, dK, dV)."""
         return X[self.b, self.k0 + n0 : self.k0 + n0 + rows, hk, :]
 
+    def v_cols(self, Vt, n0, cols, hk):
+        """Keys [n0, n0 + cols) of kv head ``hk`` of a transposed V (B, Hkv, Dv, keys): the FP8
+        forward's V^T tile (``operands``)."""
+        return Vt[self.b, hk, :, self.v0 + n0 : self.v0 + n0 + cols]
+
     def stat(self, X, h, m0, rows):
         """Entries [m0, m0 + rows) of head ``h`` of the backward's per-query statistics
         (LSE2, Delta; their rows start at ``s0``)."""
@@ -66,11 +73,13 @@ class Sequence:
 class Sequences:
     """The batch as the grid sees it: ``batch`` entries, at most ``max_q`` / ``max_k`` rows."""
 
-    def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, cu_stat=None):
+    def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, cu_stat=None,
+                 v_group=0):
         self.varlen = varlen
         self.batch, self.max_q, self.max_k = batch, max_q, max_k
         self._cu_q, self._cu_k, self._lens_q, self._lens_k = cu_q, cu_k, lens_q, lens_k
         self._cu_stat = cu_stat
+        self._v_group = v_group
 
     def of(self, b) -> Sequence:
         """The ``Sequence`` of batch entry ``b``; call inside the kernel (varlen allocates
@@ -83,18 +92,21 @@ class Sequences:
         len_q = T.alloc_var(T.int32, init=self._lens_q[b])[0]
         len_k = T.alloc_var(T.int32, init=self._lens_k[b])[0]
         s0 = None if self._cu_stat is None else T.alloc_var(T.int32, init=self._cu_stat[b])[0]
-        return Sequence(True, b, len_q, len_k, q0, k0, s0)
+        g = self._v_group  # FP8 V^T: sequence b starts at the first whole group past its k0, + g*b
+        v0 = (k0 + g - 1) // g * g + g * b if g else 0
+        return Sequence(True, b, len_q, len_k, q0, k0, s0, v0=v0)
 
 
 def dense(B, Sq, Sk) -> Sequences:
     return Sequences(False, B, Sq, Sk)
 
 
-def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None) -> Sequences:
+def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None, v_group=0) -> Sequences:
     """``cu_*`` (batch + 1,) int32 row offsets, ``lens_*`` (batch,) int32 lengths used,
     ``max_*`` int32 scalars bounding every length (grid extents); ``cu_stat`` (batch + 1,)
-    int32: where each sequence starts in the backward's LSE2/Delta (4-aligned)."""
-    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat)
+    int32: where each sequence starts in the backward's LSE2/Delta (4-aligned); ``v_group``: an
+    FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b`` (``operands.v_offsets``)."""
+    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat, v_group)
 
 
 @T.macro

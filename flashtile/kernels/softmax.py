@@ -28,8 +28,12 @@ def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
     )
 
 
-def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool):
+def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0):
     """(update, finish) macros for one tile shape.
+
+    ``p_offset``: the weights are ``exp2(score - row max + p_offset)`` (FP8 P: 8, so they use
+    e4m3's range up to 256, ``operands``); ``l`` carries the same factor, and ``finish`` takes it
+    out of the log-sum-exp and puts it into the sink's weight.
 
     ``update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale,
     cap_in, rows=None)``: scores of key block ``n0`` in ``s`` -> exp2 weights in ``s`` (the
@@ -38,12 +42,14 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
     where a tile packs several heads' rows (decode; ``m0`` / ``last_row`` then bound the
     tile's query rows).
 
-    ``finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)``: folds in the sink
+    ``finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale, out_scale=None)``: folds in the sink
     logit (natural-log units, read only with sinks; an object with ``at(i)`` gives one per row), normalises ``o`` and writes the natural-log
-    log-sum-exp into ``lse`` (-inf for a row that saw no key and has no sink).
+    log-sum-exp into ``lse`` (-inf for a row that saw no key and has no sink); ``out_scale``
+    (FP8: v_descale) multiplies the output.
     """
     acc = T.float32
     neg_inf = -T.infinity(acc)
+    shifted = p_offset != 0.0
 
     @T.macro
     def update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in, rows=None):
@@ -60,13 +66,16 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
             m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
             alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
         for i, j in T.Parallel(block_m, block_n):
-            s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
+            if shifted:
+                s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i] + p_offset)
+            else:
+                s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
         T.reduce_sum(s, row_sum, dim=1)
         for i in T.Parallel(block_m):
             l[i] = l[i] * alpha[i] + row_sum[i]
 
     @T.macro
-    def finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale):
+    def finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale, out_scale=None):
         # alpha becomes the output scale, lse the log-sum-exp.
         for i in T.Parallel(block_m):
             m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
@@ -80,10 +89,19 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
                 top = T.max(m_safe[i], sink2)
                 top = T.if_then_else(top == neg_inf, 0, top)
                 row_sum[i] = T.exp2(m_safe[i] - top)
-                l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top)
+                if shifted:
+                    l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top + p_offset)
+                else:
+                    l[i] = l[i] * row_sum[i] + T.exp2(sink2 - top)
                 num = row_sum[i]
-            alpha[i] = T.if_then_else(l[i] > 0, num / l[i], 0)
-            lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + top) * LN2, neg_inf)
+            if out_scale is None:
+                alpha[i] = T.if_then_else(l[i] > 0, num / l[i], 0)
+            else:
+                alpha[i] = T.if_then_else(l[i] > 0, num / l[i] * out_scale, 0)
+            if shifted:
+                lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) - p_offset + top) * LN2, neg_inf)
+            else:
+                lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + top) * LN2, neg_inf)
         for i, j in T.Parallel(block_m, dim_v):
             o[i, j] *= alpha[i]
 
