@@ -163,6 +163,61 @@ def test_transformers_bf16_matches_eager_fp32(case):
         assert e_ft <= 3 * e_lp + atol, n
 
 
+# --- Hugging Face decode steps through the KV-cache decode kernel (opt-in route) ---------------------
+
+
+@pytest.mark.parametrize("sq,window,softcap", [(1, None, None), (4, None, None), (1, 100, None), (2, None, 20.0)])
+def test_hf_decode_route_on_cuda(monkeypatch, sq, window, softcap):
+    """FLASHTILE_HF_DECODE_KERNEL=1 on the GPU: a decode step over transformers' (b, hkv, sk, d)
+    cache runs the split-KV decode kernel and meets flash-attn's rule against the fp32 reference
+    (the route's CPU tests check it equals the dense path exactly in float64)."""
+    from flashtile.integrations import transformers as tb
+
+    g = torch.Generator().manual_seed(sq)
+    q = torch.randn(2, 8, sq, 64, generator=g)
+    k, v = (torch.randn(2, 2, 517, 64, generator=g) for _ in range(2))
+    module = torch.nn.Module()
+    args = dict(scaling=0.125, sliding_window=window, softcap=softcap, is_causal=True)
+    called = []
+    real = tb._decode_over_cache
+    monkeypatch.setattr(tb, "_decode_over_cache", lambda *a: (lambda r: called.append(r is not None) or r)(real(*a)))
+    with torch.no_grad():
+        monkeypatch.setenv(tb.DECODE_KERNEL_ENV, "1")
+        routed, _ = tb.attention_forward(module, *(x.to(CUDA, BF16) for x in (q, k, v)), None, **args)
+        was_routed = list(called)
+        monkeypatch.setenv(tb.DECODE_KERNEL_ENV, "0")
+        ref32, _ = tb.attention_forward(module, q, k, v, None, **args)  # CPU reference path
+        ref_lp, _ = tb.attention_forward(module, *(x.to(BF16) for x in (q, k, v)), None, **args)
+    assert was_routed == [True], "the step was not routed to the decode kernel"
+    e_ft = (routed.float().cpu() - ref32).abs().max().item()
+    e_lp = (ref_lp.float() - ref32).abs().max().item()
+    assert e_ft <= 2 * e_lp + 1e-5 * max(1.0, ref32.abs().max().item()), f"routed {e_ft:.3g} vs bf16 reference {e_lp:.3g}"
+
+
+def test_hf_generate_with_decode_route_on_cuda(monkeypatch):
+    """model.generate on the GPU with decode steps routed: it runs, routes every decode step, and
+    its greedy tokens equal those of the dense route (same bf16 model)."""
+    transformers = pytest.importorskip("transformers")
+    from flashtile.integrations import transformers as tb
+
+    name = tb.register()
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=name).to(CUDA, BF16).eval()
+    prompt = torch.randint(0, 256, (2, 37), device=CUDA)
+    kwargs = dict(max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    routed = []
+    real = tb._decode_over_cache
+    monkeypatch.setattr(tb, "_decode_over_cache", lambda *a: (lambda r: routed.append(r is not None) or r)(real(*a)))
+    monkeypatch.setenv(tb.DECODE_KERNEL_ENV, "0")
+    dense = model.generate(prompt, **kwargs)
+    monkeypatch.setenv(tb.DECODE_KERNEL_ENV, "1")
+    ours = model.generate(prompt, **kwargs)
+    assert sum(routed) >= 11 * cfg.num_hidden_layers, f"decode steps routed: {sum(routed)} of {len(routed)}"
+    assert torch.equal(ours, dense), "greedy tokens differ between the decode-kernel and dense routes"
+
+
 # --- dispatch overhead ----------------------------------------------------------------------------
 
 

@@ -125,7 +125,7 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     if "fwd" in overrides:
         return overrides["fwd"]
     if dtype in (FP8_DTYPE, "float8_e4m3fn"):
-        return fp8_fwd_config(dim, dim_v)
+        return fp8_fwd_config(dim, dim_v, varlen)
     if varlen:
         from dataclasses import replace
 
@@ -154,16 +154,17 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256, manual_ws=True, pingpong=True)
 
 
-def fp8_fwd_config(dim: int, dim_v: int) -> FwdConfig:
-    """FP8 forward tiles (dense and packed alike): the hand-written kernel, one tile per CTA
-    (the persistent pairs have no FP8 path yet).  Key blocks are multiples of 32 (P is the
-    P V GEMM's A operand, K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256
-    takes 128 keys where bf16 takes 80."""
+def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False) -> FwdConfig:
+    """FP8 forward tiles: the hand-written kernel with the bf16 rows' schedules (persistent pairs
+    at d <= 128 for dense batches).  Key blocks are multiples of 32 (P is the P V GEMM's A operand,
+    K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256 takes 128 keys where bf16
+    takes 80."""
     widest = max(dim, dim_v)
     if widest <= 64:
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if widest <= 128:
-        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
+        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
+                         tiles_per_cta=1 if varlen else 0)
     return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
 
 

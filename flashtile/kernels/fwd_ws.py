@@ -100,7 +100,6 @@ def fwd_ws_prim_func(
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     ops = Operands(dtype, out_dtype)
-    assert tiles_per_cta == 1 or not ops.fp8, "FP8 runs one tile per CTA"
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset)
@@ -145,10 +144,10 @@ def fwd_ws_prim_func(
                         rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
 
     @T.macro
-    def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, seq):
+    def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, seq, out_scale=None):
         """Normalise and store one tile's output (through ``o_s``, by TMA) and log-sum-exp
         (the paired schedule: dense batches only)."""
-        finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale)
+        finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale, out_scale)
         T.sync_threads(CONSUMERS_SYNC, threads)  # the last TMA store has read o_s
         T.copy(o, o_s)
         T.fence_proxy_async()
@@ -226,8 +225,8 @@ def fwd_ws_prim_func(
             # Two Q buffers: the next tile's Q loads while this tile's last GEMMs read its own.
             q_s = T.alloc_shared([2, block_m, dim], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
-            v_s = T.alloc_shared([2, block_n, dim_v], dtype)
-            o_s = T.alloc_shared([block_m, dim_v], dtype)
+            v_s = T.alloc_shared(v_ring, dtype)
+            o_s = T.alloc_shared([block_m, dim_v], ops.out_dtype)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
             m_last = T.alloc_fragment([block_m], acc)
             l_last = T.alloc_fragment([block_m], acc)
@@ -251,6 +250,11 @@ def fwd_ws_prim_func(
             prev_h = T.alloc_var(T.int32, init=0)
             prev_b = T.alloc_var(T.int32, init=0)
             prev_last = T.alloc_var(T.int32, init=0)
+            if ops.fp8:  # the tile's scales (its batch entry's descales) and the previous tile's
+                tile_sc = T.alloc_var(acc, init=score_scale)
+                tile_cap = T.alloc_var(acc, init=cap_in)
+                prev_sc = T.alloc_var(acc, init=score_scale)
+                prev_vd = T.alloc_var(acc, init=1.0)
 
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
@@ -307,6 +311,11 @@ def fwd_ws_prim_func(
                             tile_trips = pipelined_trips(n_blocks)
                             m0, kb_lo, last_row, trips = tile_m0, tile_kb_lo, tile_last_row, tile_trips
                             mask_args = (m0, last_row, mask, score_scale, cap_in)
+                            if ops.fp8:
+                                sc_e, cap_e, _ = tile_scales(ops, Sinks, H, Hkv, seqs.batch, b, h // groups, score_scale, cap_in, has_softcap)
+                                tile_sc = sc_e
+                                tile_cap = cap_e
+                                mask_args = (m0, last_row, mask, tile_sc, tile_cap)
                             slot = tiles % 2
                             T.barrier_wait(q_full[slot], (tiles // 2) & 1)
                             T.barrier_wait(k_full[0], phase)
@@ -328,7 +337,10 @@ def fwd_ws_prim_func(
                             T.wait_wgmma(0)
                             if tiles > 0:
                                 T.barrier_arrive(v_empty[prev_last % 2])
-                                epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
+                                if ops.fp8:
+                                    epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
+                                else:
+                                    epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
                             T.clear(o)
                             cast_p(s, p)
                             block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
@@ -347,6 +359,10 @@ def fwd_ws_prim_func(
                             prev_h = h
                             prev_b = b
                             prev_last = last
+                            if ops.fp8:
+                                _, _, vd_e = tile_scales(ops, Sinks, H, Hkv, seqs.batch, b, h // groups, score_scale, cap_in, has_softcap)
+                                prev_sc = tile_sc
+                                prev_vd = vd_e
                             phase = phase ^ (T.ceildiv(trips, 2) & 1)
                             tiles = tiles + 1
                 # The CTA's last tile: its P V and epilogue with nothing to overlap.
@@ -355,7 +371,10 @@ def fwd_ws_prim_func(
                 pass_turn(wg)
                 T.wait_wgmma(0)
                 T.barrier_arrive(v_empty[prev_last % 2])
-                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
+                if ops.fp8:
+                    epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
+                else:
+                    epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
 
     return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel, out_dtype)
 

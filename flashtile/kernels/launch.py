@@ -20,6 +20,7 @@ import torch
 
 from . import cache, configs, debug, operands, target
 from .masks import host_window
+from .transpose_v import launch_transpose_v
 from .softmax import LOG2E
 
 
@@ -123,7 +124,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
                             target.sm_count(q.device), _dtype_name(out_dtype))
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
-        v = operands.transpose_v(v) if packed is None else operands.transpose_v_packed(v, packed.cu_k, packed.lens_k)[0]
+        v = launch_transpose_v(v, packed) if packed is None else launch_transpose_v(v, packed)[0]
         sinks32 = operands.params(sinks32, *fp8[:3])
     left, right = host_window(window)
     scalars = (*_scores(softmax_scale, softcap), left, right)

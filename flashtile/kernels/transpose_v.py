@@ -1,0 +1,91 @@
+"""The FP8 forward's V pre-pass on the GPU: V (keys, Hkv, Dv) -> V^T (Hkv, Dv, keys), each 16-key
+group in ``operands.key_of_column`` order (why: ``operands``).
+
+One CTA per (64-key block, kv head, batch entry): the block's rows are loaded by TMA, transposed
+and permuted through shared memory, and stored.  Dense batches store by TMA (the tensor's edge
+clips the last block; keys past Sk are written as zeros up to the 16-key padding).  Packed
+batches store column by column, only up to the sequence's last whole group, so one sequence's
+CTA never writes another's columns; the launcher zero-fills the gaps between sequences (every
+column a forward tile may read must be finite: P is 0 there, and 0 x NaN would not be).
+
+The torch functions ``operands.transpose_v`` / ``transpose_v_packed`` are the reference
+(``tests/test_gpu_fp8.py`` compares them with this kernel).
+"""
+
+
+import tilelang
+import tilelang.language as T
+import torch
+
+from . import cache, debug, seqinfo
+from .operands import FP8, GROUP, key_of_column, packed_v_columns, padded_keys
+from .target import PASS_CONFIGS, TARGET
+
+BLOCK = 64  # keys per CTA (4 permutation groups)
+
+
+@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
+def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: int = 128):
+    """Dense: V (B, Sk, Hkv, dim_v) -> Vt (B, Hkv, dim_v, Skv), Skv = Sk rounded up to 16.
+    Packed: V (1, Tk, Hkv, dim_v), CuK (batch + 1,), LenK (batch,) int32, scalar max_k ->
+    Vt (1, Hkv, dim_v, Tv) at ``operands.v_offsets``."""
+
+    @T.macro
+    def body(V, Vt, seqs):
+        Hkv = V.shape[2]
+        with T.Kernel(T.ceildiv(seqs.max_k, block), Hkv, seqs.batch, threads=threads) as (bx, hk, b):
+            rows = T.alloc_shared([block, dim_v], FP8)
+            cols = T.alloc_shared([dim_v, block], FP8)
+            seq = seqs.of(b)
+            n0 = bx * block
+            T.copy(seq.k_rows(V, n0, block, hk), rows)
+            for j, i in T.Parallel(dim_v, block):
+                key = key_of_column(i)
+                cols[j, i] = T.if_then_else(n0 + key < seq.len_k, rows[key, j], T.cast(0, FP8))
+            if varlen:
+                # Whole groups of this sequence only: the next sequence's columns start after them.
+                for j, i in T.Parallel(dim_v, block):
+                    if n0 + i < (seq.len_k + GROUP - 1) // GROUP * GROUP:
+                        Vt[seq.b, hk, j, seq.v0 + n0 + i] = cols[j, i]
+            else:
+                T.copy(cols, seq.v_cols(Vt, n0, block, hk))
+
+    if not varlen:
+        B, Sk, Hkv, Skv = T.dynamic("B, Sk, Hkv, Skv")
+
+        @T.prim_func
+        def main(V: T.Tensor([B, Sk, Hkv, dim_v], FP8), Vt: T.Tensor([B, Hkv, dim_v, Skv], FP8)):
+            body(V, Vt, seqinfo.dense(B, Sk, Sk))
+
+        return main
+
+    Tk, Tv, Hkv, Bc, Bn = T.dynamic("Tk, Tv, Hkv, Bc, Bn")
+
+    @T.prim_func
+    def main_varlen(
+        V: T.Tensor([1, Tk, Hkv, dim_v], FP8),
+        Vt: T.Tensor([1, Hkv, dim_v, Tv], FP8),
+        CuK: T.Tensor([Bc], T.int32),
+        LenK: T.Tensor([Bn], T.int32),
+        max_k: T.int32,
+    ):
+        body(V, Vt, seqinfo.packed(CuK, CuK, LenK, LenK, max_k, max_k, v_group=GROUP))
+
+    return main_varlen
+
+
+def launch_transpose_v(v: torch.Tensor, packed=None) -> torch.Tensor:
+    """V^T for the FP8 forward: dense v (B, Sk, Hkv, Dv) -> (B, Hkv, Dv, ceil16(Sk)); packed
+    v (total_k, Hkv, Dv) with ``packed`` (``launch.Packed``) -> (1, Hkv, Dv, columns)."""
+    dv = v.shape[-1]
+    if packed is None:
+        b, sk, hkv, _ = v.shape
+        vt = debug.new_output((b, hkv, dv, padded_keys(sk)), v.dtype, v.device)
+        if vt.numel():
+            cache.get(transpose_v_kernel, dim_v=dv, varlen=False)(v, vt)
+        return vt
+    total_k, hkv, _ = v.shape
+    vt = torch.zeros(1, hkv, dv, packed_v_columns(total_k, packed.batch), dtype=v.dtype, device=v.device)
+    if packed.batch and packed.max_k and vt.numel():
+        cache.get(transpose_v_kernel, dim_v=dv, varlen=True)(v[None], vt, packed.cu_k, packed.lens_k, packed.max_k)
+    return vt
