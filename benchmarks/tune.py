@@ -3,6 +3,8 @@
     python3 benchmarks/tune.py fwd --headdim 128 --seqlen 4096 8192
     python3 benchmarks/tune.py bwd --headdim 128
     python3 benchmarks/tune.py bwd_dq --headdim 128      # the deterministic dQ kernel
+    python3 benchmarks/tune.py fwd --fp8 --headdim 128 --configs 128,128,2,256,1,1,0,0 128,128,2,256,1,1,0,4
+                                                          # FP8 forward (8th field: exp2_fma_every)
 
 Each line: pass, config, d, seqlen, causal, ms, ratio to cuDNN SDPA.  Failures (compile or
 launch) print one line and the sweep goes on.
@@ -18,9 +20,9 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
 
 import flashtile
+import flashtile.fp8  # noqa: F401  (the --fp8 inputs)
 from flashtile.kernels import configs
 
 # (block_m, block_n, stages, threads, manual_ws, pingpong, tiles_per_cta) for the forward; (block_n, block_m, stages, threads,
@@ -52,14 +54,14 @@ def make_config(which, cfg):
     return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then the flags, in field order
 
 
-def prebuild(which, d, cfg, det):
+def prebuild(which, d, cfg, det, fp8=False):
     """Compile one candidate into TileLang's disk cache (runs in a worker process)."""
     configs.overrides[which] = make_config(which, cfg)
     try:
         if which == "fwd":
             from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
-            get_forward_kernel(d, d, "bfloat16", False, False)
+            get_forward_kernel(d, d, "float8_e4m3fn" if fp8 else "bfloat16", False, False)
         else:
             from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
@@ -69,7 +71,9 @@ def prebuild(which, d, cfg, det):
         return f"TUNE {which} {cfg} d{d} BUILD FAILED {type(e).__name__}: {str(e)[:200]}"
 
 
-def time_case(which, d, s, causal, total=16384, dtype=torch.bfloat16, gqa=1, det=False):
+def time_case(which, d, s, causal, total=16384, dtype=torch.bfloat16, gqa=1, det=False, fp8=False):
+    from triton.testing import do_bench  # on the device only (prebuild runs on CPU machines too)
+
     b, h = max(1, total // s), 2048 // d
     q = torch.randn(b, s, h, d, device="cuda", dtype=dtype, requires_grad=True)
     k, v = (torch.randn(b, s, h // gqa, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
@@ -82,7 +86,10 @@ def time_case(which, d, s, causal, total=16384, dtype=torch.bfloat16, gqa=1, det
             o2 = sdpa()
             d2 = torch.randn_like(o2)
             ref = do_bench(lambda: torch.autograd.grad(o2, [qt, kt, vt], d2, retain_graph=True), warmup=30, rep=150, return_mode="median")
-    if which == "fwd":
+    if which == "fwd" and fp8:  # quantized outside the timed region (FP8 forward, no grad)
+        q8, k8, v8, qd, kd, vd = flashtile.fp8.quantize_qkv(q.detach(), k.detach(), v.detach())
+        fn = lambda: flashtile.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    elif which == "fwd":
         fn = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)
     else:
         out = flashtile.flash_attn_func(q, k, v, causal=causal, deterministic=det)
@@ -99,6 +106,7 @@ def main():
     ap.add_argument("--seqlen", type=int, nargs="*", default=[4096])
     ap.add_argument("--gqa", type=int, default=1, help="nheads / nheads_kv")
     ap.add_argument("--det", action="store_true", help="deterministic backward")
+    ap.add_argument("--fp8", action="store_true", help="fwd: the FP8 forward (float8_e4m3fn q, k, v)")
     ap.add_argument("--only-first", action="store_true", help="first config of each head dim only")
     ap.add_argument("--configs", nargs="*", default=None, help="e.g. 128,128,2,256 (replaces the lists above)")
     ap.add_argument("--check", action="store_true", help="check each candidate against the reference first")
@@ -113,7 +121,7 @@ def main():
         cands = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else table[d]
         todo += [(d, cfg) for cfg in (cands[:1] if args.only_first else cands)]
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for line in pool.map(prebuild, *zip(*[(args.which, d, cfg, args.det) for d, cfg in todo])):
+        for line in pool.map(prebuild, *zip(*[(args.which, d, cfg, args.det, args.fp8) for d, cfg in todo])):
             print(line, flush=True)
     if args.check:  # every candidate against the reference on awkward shapes before timing
         from quick import check
@@ -132,9 +140,9 @@ def main():
                 configs.overrides.pop("dkdv_rows", None)
             for s in args.seqlen:
                 for causal in (False, True):
-                    tag = f"{args.which} gqa{args.gqa} det{int(args.det)} rows{rows} {cfg} d{d} s{s} c{int(causal)}"
+                    tag = f"{args.which}{'-fp8' * args.fp8} gqa{args.gqa} det{int(args.det)} rows{rows} {cfg} d{d} s{s} c{int(causal)}"
                     try:
-                        ms, ref = time_case(args.which, d, s, causal, gqa=args.gqa, det=args.det)
+                        ms, ref = time_case(args.which, d, s, causal, gqa=args.gqa, det=args.det, fp8=args.fp8)
                         print(f"TUNE {tag} {ms:.3f}ms ratio {ref / ms:.3f}", flush=True)
                     except Exception as e:
                         print(f"TUNE {tag} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)

@@ -9,8 +9,8 @@ loaded and otherwise when it loads (``flashtile/integrations/autoregister.py``; 
 ``register()`` adds two functions to transformers' global registries:
 
 - ``attention_forward`` to ``AttentionInterface``: the attention itself, through
-  ``flashtile.flash_attn_func`` (or, opt-in with ``FLASHTILE_HF_DECODE_KERNEL=1``, unmasked
-  decode steps through ``flash_attn_with_kvcache``'s decode kernel: ``_decode_over_cache``);
+  ``flashtile.flash_attn_func``, and unmasked decode steps through ``flash_attn_with_kvcache``'s
+  decode kernel (``_decode_over_cache``; ``FLASHTILE_HF_DECODE_KERNEL=0`` turns that off);
 - ``attention_mask`` to ``AttentionMaskInterface``: the mask builder.  Like flash-attn's, it
   returns ``None``, because flashtile builds causal / sliding-window masks from the model's
   arguments; before doing so it checks that the mask the model asked for is one flashtile
@@ -370,7 +370,8 @@ def _packed_documents(position_ids: torch.Tensor, b: int, s: int) -> Optional[tu
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
-# Decode steps through the KV-cache decode kernel: opt-in until the route has run on a GPU.
+# Decode steps through the KV-cache decode kernel: on by default since the route passed its GPU
+# tests (tests/test_gpu_integration.py, H100, 2026-11-23); "0" sends them to the dense kernel.
 DECODE_KERNEL_ENV = "FLASHTILE_HF_DECODE_KERNEL"
 _DECODE_MAX_Q = 16  # new tokens per step (speculative decoding proposes a few)
 
@@ -388,7 +389,7 @@ def _decode_over_cache(query, key, value, opts: dict) -> Optional[torch.Tensor]:
     ``sk`` keys is the same rule as ``flash_attn_func``'s.  Not with sinks (their per-head
     values would need the folded head index).
     """
-    if os.environ.get(DECODE_KERNEL_ENV, "0") in ("", "0") or opts["sinks"] is not None or torch.is_grad_enabled():
+    if os.environ.get(DECODE_KERNEL_ENV, "1") in ("", "0") or opts["sinks"] is not None or torch.is_grad_enabled():
         return None
     b, h, sq, d = query.shape
     hkv, sk, dv = key.shape[1], key.shape[2], value.shape[-1]

@@ -1,11 +1,11 @@
 """The FP8 forward's V pre-pass on the GPU: V (keys, Hkv, Dv) -> V^T (Hkv, Dv, keys), each 16-key
 group in ``operands.key_of_column`` order (why: ``operands``).
 
-One CTA per (64-key block, kv head, batch entry): the block's rows are loaded by TMA, transposed
-and permuted through shared memory, and stored.  Dense batches store by TMA (the tensor's edge
-clips the last block; keys past Sk are written as zeros up to the 16-key padding).  Packed
-batches store column by column, only up to the sequence's last whole group, so one sequence's
-CTA never writes another's columns; the launcher zero-fills the gaps between sequences (every
+One CTA per (64-key block, kv head, batch entry): the block's rows are loaded with 16-byte
+loads, transposed and permuted through shared memory, and stored row by row of V^T, guarded:
+dense batches up to the padded key extent (keys past Sk are written as zeros up to the 16-key
+padding), packed batches only up to the sequence's last whole group, so one sequence's CTA
+never writes another's columns; the launcher zero-fills the gaps between sequences (every
 column a forward tile may read must be finite: P is 0 there, and 0 x NaN would not be).
 
 The torch functions ``operands.transpose_v`` / ``transpose_v_packed`` are the reference
@@ -35,20 +35,21 @@ def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: in
         Hkv = V.shape[2]
         with T.Kernel(T.ceildiv(seqs.max_k, block), Hkv, seqs.batch, threads=threads) as (bx, hk, b):
             rows = T.alloc_shared([block, dim_v], FP8)
-            cols = T.alloc_shared([dim_v, block], FP8)
+            # V^T tile, rows padded by 4 bytes: the transposing loop's lanes walk d_v, so an
+            # unpadded 64-byte row stride would put 16 lanes on one bank.
+            cols = T.alloc_shared([dim_v, block + 4], FP8)
             seq = seqs.of(b)
             n0 = bx * block
             T.copy(seq.k_rows(V, n0, block, hk), rows)
-            for j, i in T.Parallel(dim_v, block):
+            for i, j in T.Parallel(block, dim_v):  # lanes along d_v: conflict-free reads of rows
                 key = key_of_column(i)
                 cols[j, i] = T.if_then_else(n0 + key < seq.len_k, rows[key, j], T.cast(0, FP8))
-            if varlen:
-                # Whole groups of this sequence only: the next sequence's columns start after them.
-                for j, i in T.Parallel(dim_v, block):
-                    if n0 + i < (seq.len_k + GROUP - 1) // GROUP * GROUP:
-                        Vt[seq.b, hk, j, seq.v0 + n0 + i] = cols[j, i]
-            else:
-                T.copy(cols, seq.v_cols(Vt, n0, block, hk))
+            # Dense: up to the padded key extent (the tensor's edge).  Packed: whole groups of this
+            # sequence only, since the next sequence's columns start right after them.
+            end = (seq.len_k + GROUP - 1) // GROUP * GROUP if varlen else Vt.shape[3]
+            for j, i in T.Parallel(dim_v, block):
+                if n0 + i < end:
+                    Vt[seq.b, hk, j, seq.v0 + n0 + i] = cols[j, i]
 
     if not varlen:
         B, Sk, Hkv, Skv = T.dynamic("B, Sk, Hkv, Skv")
