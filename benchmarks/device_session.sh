@@ -28,7 +28,7 @@ echo "gpu tests: $(( $(date +%s) - t0 ))s: $(tail -n 1 "$out/gpu_tests.log")" | 
 
 if [ "${BENCH_S:-220}" != 0 ]; then
   t0=$(date +%s)
-  bench_flags=${BENCH_FLAGS:---headdim 64 128 256 --seqlen 1k 4k 16k --mode fwd bwd --backends flashtile cudnn flash flex}
+  bench_flags=${BENCH_FLAGS:---headdim 64 128 256 --seqlen 1k 4k 16k --mode fwd bwd --backends flashtile flashtile-fp8 cudnn flash flex}
   timeout "${BENCH_S:-220}" python3 -m flashtile.bench $bench_flags --time-limit $(( ${BENCH_S:-220} - 20 )) \
     --json "$out/bench.json" --csv "$out/bench.csv" --plot "$out/bench.png" --markdown "$out/bench.md" > "$out/bench.log" 2>&1
   rc=$?

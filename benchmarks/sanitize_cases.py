@@ -59,7 +59,7 @@ class Case:
     override: str | None = None  # "auto-fwd": the auto-pipelined forward through configs.overrides
     fp8_cache: bool = False  # kvcache: a float8_e4m3fn cache with k/v descales
     shapes: tuple = tuple(SHAPES)
-    kind: str = "dense"  # "dense", "varlen", "kvcache", "nonfinite"
+    kind: str = "dense"  # "dense", "varlen", "kvcache", "nonfinite", "fp8" (forward only; extra["varlen"]: packed)
     extra: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
@@ -85,6 +85,9 @@ CASES = [
     Case("kvcache d64 sinks window", d=64, h=4, hkv=4, window=(8, 0), sinks=True, kind="kvcache"),
     Case("kvcache d128 gqa4 paged1 fp8-cache", d=128, h=8, hkv=2, causal=True, kind="kvcache", fp8_cache=True),
     Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),
+    Case("fp8 d128 gqa2 causal sinks", d=128, h=4, hkv=2, causal=True, sinks=True, kind="fp8"),
+    Case("fp8 d256 window softcap", d=256, h=2, hkv=2, window=(16, 0), softcap=20.0, kind="fp8"),
+    Case("fp8 varlen d64 causal seqused", d=64, h=4, hkv=1, causal=True, kind="fp8", extra={"varlen": True, "seqused": True}),
 ]
 
 
@@ -240,6 +243,49 @@ def run_varlen(case: Case, sq: int, sk: int, check: bool, gen, failures):
         _compare(f"varlen {name}", g, r, 3 * tol, failures)
 
 
+def run_fp8(case: Case, sq: int, sk: int, check: bool, gen, failures):
+    """The FP8 forward (V^T pre-pass + attention): dense, or packed with run_varlen's five
+    sequences; checked against the CPU path on the same FP8 values (dequantize, exact), whose
+    only difference is the kernel's P rounding to e4m3 (tolerance 0.1 of the largest output)."""
+    from flashtile import fp8
+
+    dev = DEVICE
+    varlen = case.extra.get("varlen", False)
+    kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, return_lse=True)
+    if varlen:
+        lens_q, lens_k = [sq, 0, 1, 17, 0], [sk, 5, 0, 129, 0]
+        cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+        shape_q, shape_k = (sum(lens_q), case.h, case.d), (sum(lens_k), case.hkv, case.d)
+        shape_v = (sum(lens_k), case.hkv, case.d_v)
+        layout = dict(layout="thd", cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k))
+        if case.extra.get("seqused"):
+            kw.update(seqused_q=torch.tensor([max(sq - 1, 0), 0, 1, 9, 0], dtype=torch.int32),
+                      seqused_k=torch.tensor([sk, 3, 0, 100, 0], dtype=torch.int32))
+        lead = (cu(lens_q), cu(lens_k), max(lens_q), max(lens_k))
+        call = flashtile.flash_attn_varlen_func
+    else:
+        shape_q, shape_k, shape_v = (case.b, sq, case.h, case.d), (case.b, sk, case.hkv, case.d), (case.b, sk, case.hkv, case.d_v)
+        layout, lead, call = {}, (), flashtile.flash_attn_func
+    q, k, v = (_rand(gen, *shape, dtype=torch.float32, device="cpu") for shape in (shape_q, shape_k, shape_v))
+    q8, k8, v8, qd, kd, vd = fp8.quantize_qkv(q, k, v, **layout)
+    sinks = _rand(gen, case.h, dtype=torch.float32, device="cpu") if case.sinks else None
+
+    def run(device):
+        to = (lambda t: t if t is None or not isinstance(t, torch.Tensor) else t.to(device))  # noqa: E731
+        opts = {n: to(t) for n, t in kw.items()}
+        return call(*(to(t) for t in (q8, k8, v8)), *(to(t) for t in lead), sinks=to(sinks), q_descale=to(qd),
+                    k_descale=to(kd), v_descale=to(vd), **opts)
+
+    with torch.no_grad():
+        out, lse = run(dev)
+        _sync()
+        if not check:
+            return
+        ref_out, ref_lse = run("cpu")
+    _compare("fp8 out", out, ref_out, 0.1, failures)
+    _compare("fp8 lse", lse, ref_lse, 1e-3, failures)
+
+
 def run_kvcache(case: Case, sq: int, sk: int, check: bool, gen, failures):
     """Decode on a paged cache of page size 1 (a shuffled block table): (1) ``min(sq, 17)`` new
     tokens appended at ``cache_seqlens`` = (sk, sk - 1, ...) with the heuristic split count;
@@ -296,7 +342,7 @@ def run_kvcache(case: Case, sq: int, sk: int, check: bool, gen, failures):
         _compare(f"kvcache call {i + 1} lse", l, rl, _tol(case.dtype), failures)
 
 
-RUNNERS = {"dense": run_dense, "nonfinite": run_dense, "varlen": run_varlen, "kvcache": run_kvcache}
+RUNNERS = {"dense": run_dense, "nonfinite": run_dense, "varlen": run_varlen, "kvcache": run_kvcache, "fp8": run_fp8}
 
 
 # --- precompile ---------------------------------------------------------------------------------
@@ -317,6 +363,15 @@ def structures(cases):
                 seen.append(s)
             continue
         if c.override:
+            continue
+        if c.kind == "fp8":  # forward only; the kernel's output dtype is bf16
+            varlen = c.extra.get("varlen", False)
+            dp, dvp = configs.kernel_headdims(c.d, c.d_v, "fwd8")
+            window = (-1, -1) if c.window == (-1, -1) and not c.causal else (0, 0)
+            s = ("fwd8", dict(dim=dp, dim_v=dvp, dtype="float8_e4m3fn", has_sinks=c.sinks, has_softcap=c.softcap > 0,
+                              window=window, varlen=varlen, num_sms=sms, out_dtype="bfloat16"))
+            if s not in seen:
+                seen.append(s)
             continue
         # Kernels are compiled per mask kind (configs.mask_kind), not per window value.
         window = (-1, -1) if c.window == (-1, -1) and not c.causal else (0, 0)
@@ -340,6 +395,12 @@ def _build(p, kwargs):
         from flashtile.kernels.decode import get_decode_kernels
 
         get_decode_kernels(**kwargs)
+    elif p == "fwd8":  # the FP8 forward and its V^T pre-pass
+        from flashtile.kernels import cache as kcache
+        from flashtile.kernels.transpose_v import transpose_v_kernel
+
+        forward_kernel(**kwargs)
+        kcache.get(transpose_v_kernel, dim_v=kwargs["dim_v"], varlen=kwargs["varlen"])
     else:
         forward_kernel(**kwargs) if p == "fwd" else backward_kernels(**kwargs)
     return f"built {p} {kwargs} in {time.time() - t:.1f}s"

@@ -3,8 +3,8 @@
     python3 benchmarks/tune.py fwd --headdim 128 --seqlen 4096 8192
     python3 benchmarks/tune.py bwd --headdim 128
     python3 benchmarks/tune.py bwd_dq --headdim 128      # the deterministic dQ kernel
-    python3 benchmarks/tune.py fwd --fp8 --headdim 128 --configs 128,128,2,256,1,1,0,0 128,128,2,256,1,1,0,4
-                                                          # FP8 forward (8th field: exp2_fma_every)
+    python3 benchmarks/tune.py fwd --fp8 --headdim 256 --configs 128,128,2,256,1,1,1 128,64,2,256,1,1,1
+                                                          # the FP8 forward
 
 Each line: pass, config, d, seqlen, causal, ms, ratio to cuDNN SDPA.  Failures (compile or
 launch) print one line and the sweep goes on.

@@ -39,10 +39,9 @@ class FwdConfig:
     manual_ws: bool = False  # hand-written warp specialisation (kernels/fwd_ws.py), not the builder's
     pingpong: bool = False  # hand-written only: consumer warpgroups take turns issuing GEMMs
     tiles_per_cta: int = 1  # hand-written only: 1 one tile, 2 a pair of tiles, 0 persistent pairs
-    exp2_fma_every: int = 0  # hand-written only: 1 in k column groups of 8 exponentiate on the FMA pipes
 
     def as_kwargs(self) -> dict:
-        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "exp2_fma_every")
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property

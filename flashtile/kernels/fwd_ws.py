@@ -90,21 +90,19 @@ def fwd_ws_prim_func(
     varlen: bool = False,
     num_sms: int = 132,
     out_dtype: str = None,
-    exp2_fma_every: int = 0,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
     1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (``num_sms`` CTAs, one
     per SM of the device, walk all pairs).  Packed (``varlen``) batches take the one-tile
-    schedule: the pairs mirror blocks of one row, which needs every row's block count.
-    ``exp2_fma_every``: ``softmax.online_softmax``'s (part of the exponentials on FMA pipes)."""
+    schedule: the pairs mirror blocks of one row, which needs every row's block count."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     ops = Operands(dtype, out_dtype)
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, exp2_fma_every)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset)
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)

@@ -13,26 +13,6 @@ from .masks import block_fully_visible, visible
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# 2**f on [-1/2, 1/2] as 1 + f (C1 + f (C2 + f C3)): relative error 2.9e-4 (least squares on the
-# relative error, benchmarks/NOTES.md 2026-11-23 fourth session), below e4m3's 2**-4 rounding of P.
-EXP2_POLY = (0.6935365335081964, 0.24165736873159138, 0.05296201349872408)
-ROUND_MAGIC = 12582912.0  # 1.5 * 2**23: x + magic rounds x to an integer kept in the low mantissa bits
-
-
-def exp2_fma(x):
-    """2**x without the MUFU unit (FlashAttention-4's trick to relieve it): n = round(x) read from
-    the bits of x + 1.5 * 2**23, 2**(x - n) by the polynomial above, n added to the exponent bits.
-    Exactly 0 for x < -126 (masked scores are -inf; 2**-126 would make a dead row look alive)."""
-    xc = T.max(x, -127.0)
-    # An fma, not an add: TVM's simplifier would fold (xc + magic) - magic back to xc.
-    t = T.fma(xc, 1.0, ROUND_MAGIC)
-    n = T.reinterpret(T.int32, t) - 0x4B400000
-    f = xc - (t - ROUND_MAGIC)
-    c1, c2, c3 = EXP2_POLY
-    p = 1.0 + f * (c1 + f * (c2 + f * c3))
-    scaled = T.reinterpret(T.float32, T.reinterpret(T.int32, p) + T.shift_left(n, 23))
-    return T.if_then_else(x < -126.0, T.float32(0), scaled)
-
 
 def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
     """Register fragments of one query tile, in the order the macros below name them:
@@ -47,16 +27,12 @@ def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
     )
 
 
-def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0,
-                   exp2_fma_every: int = 0):
+def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0):
     """(update, finish) macros for one tile shape.
 
     ``p_offset``: the weights are ``exp2(score - row max + p_offset)`` (FP8 P: 8, so they use
     e4m3's range up to 256, ``operands``); ``l`` carries the same factor, and ``finish`` takes it
     out of the log-sum-exp and puts it into the sink's weight.
-
-    ``exp2_fma_every``: 0, or k > 1: one column group of 8 in every k takes ``exp2_fma`` (FMA
-    pipes) instead of MUFU's ex2, for kernels whose softmax is bound by MUFU (FP8).
 
     ``update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale,
     cap_in, rows=None)``: scores of key block ``n0`` in ``s`` -> exp2 weights in ``s`` (the
@@ -89,12 +65,7 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
             m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
             alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
         for i, j in T.Parallel(block_m, block_n):
-            if exp2_fma_every:
-                # Column groups of 8 map to whole registers of each thread (accumulator layout),
-                # so the choice is per register, not per lane.
-                x = s[i, j] * score_scale - m_safe[i] + p_offset
-                s[i, j] = T.if_then_else((j // 8) % exp2_fma_every == exp2_fma_every - 1, exp2_fma(x), T.exp2(x))
-            elif shifted:
+            if shifted:
                 s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i] + p_offset)
             else:
                 s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
