@@ -73,3 +73,47 @@ def test_tile_pairs_cover_every_query_tile_once_with_balanced_causal_work(n_qb, 
         work = sum(n_qb - bx for _, _, bx in real)
         assert work == n_qb + 1 or (len(real) == 1 and n_qb % 2 == 1), f"item {item}: tiles {real} hold {work} blocks"
     assert sorted(seen) == sorted(itertools.product(range(H), range(B), range(n_qb))), f"not every tile once: {seen}"
+
+
+def _visited_blocks(m0, block_m, block_n, len_q, len_k, left, right):
+    """masks.key_block_range with Python ints (left/right: kernel bounds, huge = unbounded)."""
+    off = len_k - len_q
+    last_row = min(m0 + block_m, len_q) - 1
+    lo = max(0, m0 + off - left) // block_n
+    hi = min(-(-len_k // block_n), -(-max(0, last_row + off + right + 1) // block_n))
+    return max(hi - lo, 0)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (37, 0), (5, 9)])
+@pytest.mark.parametrize("lens_q,lens_k", [([1, 0, 300, 129, 17], [5, 0, 300, 1000, 17]), ([4096] * 3, [4096] * 3), ([0, 0], [3, 0])])
+def test_packed_forward_work_list(lens_q, lens_k, window):
+    """The packed forward's work list (launch.Packed.query_work): every real query tile exactly once,
+    most key blocks first, padding items past the real tiles point at blocks with no work, and the
+    list length is the host-side bound ceil(total_q / block_m) + batch (no device sync)."""
+    import torch
+
+    from flashtile.kernels.launch import Packed
+    from flashtile.kernels.masks import host_window
+    from flashtile.kernels.schedule import WORK_BLOCK_BITS
+
+    block_m, block_n = 128, 128
+    cu = lambda ls: torch.tensor([0, *itertools.accumulate(ls)], dtype=torch.int32)  # noqa: E731
+    t = lambda ls: torch.tensor(ls, dtype=torch.int32)  # noqa: E731
+    packed = Packed(cu(lens_q), cu(lens_k), t(lens_q), t(lens_k), max(lens_q), max(lens_k))
+    total_q = sum(lens_q)
+    work = packed.query_work(total_q, block_m, block_n, window).tolist()
+    n_b = -(-max(lens_q) // block_m)
+    assert len(work) == min(len(lens_q) * n_b, -(-total_q // block_m) + len(lens_q))
+    left, right = host_window(window)
+    real, costs = [], []
+    for item in work:
+        b, bx = item >> WORK_BLOCK_BITS, item & ((1 << WORK_BLOCK_BITS) - 1)
+        n_qb = -(-lens_q[b] // block_m)
+        if bx < n_qb:
+            real.append((b, bx))
+            costs.append(_visited_blocks((n_qb - 1 - bx) * block_m, block_m, block_n, lens_q[b], lens_k[b], left, right))
+    want = sorted((b, bx) for b, n in enumerate(lens_q) for bx in range(-(-n // block_m)))
+    assert sorted(real) == want, "every real tile exactly once"
+    assert costs == sorted(costs, reverse=True), f"not longest-first: {costs}"
+    first_dead = next((i for i, item in enumerate(work) if (item & 0xFFFF) >= -(-lens_q[item >> 16] // block_m)), len(work))
+    assert first_dead == len(real), "padding items come after every real tile"

@@ -2,8 +2,12 @@
 
 Grids: the forward and the deterministic dQ kernel launch (query block, head, batch) with the
 query blocks longest-first (``masks.query_tile``); the dK/dV kernels launch key blocks in
-``grouped_tile`` order; the persistent forward walks ``tile_pair`` items.  Packed (varlen)
-batches size the grid by the longest sequence and give blocks past a sequence's end no work.
+``grouped_tile`` order; the persistent forward walks ``tile_pair`` items.  The packed (varlen)
+forward walks a work list instead (``query_grid`` / ``query_item``): the real query tiles of
+every sequence, longest first over the whole batch, built on the device by the launcher
+(``launch.Packed.query_work``), so no CTA is spent on blocks past a sequence's end and the
+longest tiles of the last sequences do not start last.  The packed backward sizes its grid by
+the longest sequence and gives blocks past a sequence's end no work.
 
 
 The GPU starts CTAs roughly in index order, so the order decides two things that pull
@@ -48,3 +52,23 @@ def tile_pair(item, half, n_qb, pairs, H):
     row = item // pairs
     mirror = n_qb - 1 - pair
     return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
+
+
+# Work-list items: batch entry << 16 | query block (in ``masks.query_tile``'s numbering).
+WORK_BLOCK_BITS = 16
+
+
+def query_grid(seqs, block_m, H):
+    """Grid extents of a query-tile kernel: dense (query blocks, H, batch); packed with a work
+    list (H, items, 1): heads vary fastest, so CTAs start in the list's longest-first order."""
+    if seqs.work is None:
+        return T.ceildiv(seqs.max_q, block_m), H, seqs.batch
+    return H, seqs.work.shape[0], 1
+
+
+def query_item(seqs, g0, g1, g2):
+    """(bx, h, b) of the CTA at grid index (g0, g1, g2) of ``query_grid``."""
+    if seqs.work is None:
+        return g0, g1, g2
+    item = T.alloc_var(T.int32, init=seqs.work[g1])[0]  # one load, kept in a register
+    return item & ((1 << WORK_BLOCK_BITS) - 1), g0, item >> WORK_BLOCK_BITS
