@@ -88,8 +88,9 @@ def _visited_blocks(m0, block_m, block_n, len_q, len_k, left, right):
 @pytest.mark.parametrize("lens_q,lens_k", [([1, 0, 300, 129, 17], [5, 0, 300, 1000, 17]), ([4096] * 3, [4096] * 3), ([0, 0], [3, 0])])
 def test_packed_forward_work_list(lens_q, lens_k, window):
     """The packed forward's work list (launch.Packed.query_work): every real query tile exactly once,
-    most key blocks first, padding items past the real tiles point at blocks with no work, and the
-    list length is the host-side bound ceil(total_q / block_m) + batch (no device sync)."""
+    each sequence's tiles together in query_tile's order, sequences by total key blocks (most
+    first), padding items past the real tiles point at blocks with no work, and the list length is
+    the host-side bound ceil(total_q / block_m) + batch (no device sync)."""
     import torch
 
     from flashtile.kernels.launch import Packed
@@ -105,15 +106,22 @@ def test_packed_forward_work_list(lens_q, lens_k, window):
     n_b = -(-max(lens_q) // block_m)
     assert len(work) == min(len(lens_q) * n_b, -(-total_q // block_m) + len(lens_q))
     left, right = host_window(window)
-    real, costs = [], []
+    real = []
     for item in work:
         b, bx = item >> WORK_BLOCK_BITS, item & ((1 << WORK_BLOCK_BITS) - 1)
-        n_qb = -(-lens_q[b] // block_m)
-        if bx < n_qb:
+        if bx < -(-lens_q[b] // block_m):
             real.append((b, bx))
-            costs.append(_visited_blocks((n_qb - 1 - bx) * block_m, block_m, block_n, lens_q[b], lens_k[b], left, right))
     want = sorted((b, bx) for b, n in enumerate(lens_q) for bx in range(-(-n // block_m)))
     assert sorted(real) == want, "every real tile exactly once"
-    assert costs == sorted(costs, reverse=True), f"not longest-first: {costs}"
+
+    def seq_cost(b):
+        n_qb = -(-lens_q[b] // block_m)
+        return sum(_visited_blocks((n_qb - 1 - bx) * block_m, block_m, block_n, lens_q[b], lens_k[b], left, right) for bx in range(n_qb))
+
+    runs = [b for i, (b, _) in enumerate(real) if i == 0 or real[i - 1][0] != b]
+    assert len(runs) == len(set(runs)), f"a sequence's tiles are split: {real}"
+    assert [bx for b, bx in real] == [bx for b in runs for bx in range(-(-lens_q[b] // block_m))], "bx ascending per sequence"
+    costs = [seq_cost(b) for b in runs]
+    assert costs == sorted(costs, reverse=True), f"sequences not by total work: {costs}"
     first_dead = next((i for i, item in enumerate(work) if (item & 0xFFFF) >= -(-lens_q[item >> 16] // block_m)), len(work))
     assert first_dead == len(real), "padding items come after every real tile"
