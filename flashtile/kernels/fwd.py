@@ -25,7 +25,6 @@ import tilelang.language as T
 from . import seqinfo
 from .masks import TileMask, pipelined_trips, query_tile
 from .operands import GROUP, Operands, tile_scales
-from .schedule import query_grid, query_item
 from .softmax import online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET
 
@@ -54,8 +53,7 @@ def attention_fwd_kernel(
     @T.macro
     def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        with T.Kernel(*query_grid(seqs, block_m, H), threads=threads) as (bx, h, b):
-            bx, h, b = query_item(seqs, bx, h, b)
+        with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=threads) as (bx, h, b):
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared(ops.v_tile(block_n, dim_v), dtype)
@@ -101,9 +99,8 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
     ``cap_in`` (softmax_scale / softcap, unused without softcap), ``left``/``right`` window
     bounds (huge when unbounded).
     Packed (varlen): Q/K/V/O (1, total, heads, dim), LSE (1, H, total_q); after Sinks come
-    CuQ, CuK (batch + 1,) int32 row offsets, LenQ, LenK (batch,) int32 lengths and Work (items,)
-    int32, the query tiles longest-first (``schedule.query_item``; ``launch.Packed.query_work``),
-    and after the scalars ``max_q``, ``max_k`` (int32, at least every length).
+    CuQ, CuK (batch + 1,) int32 row offsets and LenQ, LenK (batch,) int32 lengths, and after
+    the scalars ``max_q``, ``max_k`` (int32, at least every length: the grid's extent).
 
     FP8 (``dtype`` float8_e4m3fn, ``operands``): V is V^T, dense (B, Hkv, dim_v, keys padded to
     16) and packed (1, Hkv, dim_v, columns); O is ``out_dtype``; Sinks carries the descales
@@ -133,7 +130,7 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
 
         return main
 
-    Tq, Tk, H, Hkv, Bc, Bn, Nw = T.dynamic("Tq, Tk, H, Hkv, Bc, Bn, Nw")
+    Tq, Tk, H, Hkv, Bc, Bn = T.dynamic("Tq, Tk, H, Hkv, Bc, Bn")
     v_shape = ops.v_tensor(1, T.dynamic("Tv") if ops.fp8 else Tk, Hkv, dim_v)
     n_params = T.dynamic("NP") if ops.fp8 else H
 
@@ -149,7 +146,6 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
         CuK: T.Tensor([Bc], T.int32),
         LenQ: T.Tensor([Bn], T.int32),
         LenK: T.Tensor([Bn], T.int32),
-        Work: T.Tensor([Nw], T.int32),
         score_scale: T.float32,
         cap_in: T.float32,
         left: T.int32,
@@ -157,7 +153,7 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
         max_q: T.int32,
         max_k: T.int32,
     ):
-        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, v_group=GROUP if ops.fp8 else 0, work=Work)
+        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, v_group=GROUP if ops.fp8 else 0)
         kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs)
 
     return main_varlen

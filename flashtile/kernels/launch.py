@@ -60,37 +60,6 @@ class Packed:
         index = rows + (cu_stat - self.cu_q)[seq]
         return cu_stat.contiguous(), index.long(), (total_q + 4 * (self.batch + 2) + 3) // 4 * 4
 
-    def query_work(self, total_q: int, block_m: int, block_n: int, window: tuple[int, int]) -> torch.Tensor:
-        """The packed forward's work list (``schedule.query_item``): int32 items ``b << 16 | bx``,
-        one per real query tile (``bx`` in ``masks.query_tile``'s last-first numbering).  Order:
-        sequences by their total key blocks (``masks.key_block_range``'s count, summed over their
-        tiles), most first; within a sequence, ``bx`` ascending.  A row's tiles stay together (they
-        share K/V in L2) and the grid ends on the shortest sequences.  Its length is a host-side
-        bound, ``ceil(total_q / block_m) + batch`` (capped by batch x the longest sequence's
-        blocks), so no sync: items past the real tiles are blocks past their sequence's end (no
-        work, no write)."""
-        left, right = host_window(window)
-        n_b = -(-self.max_q // block_m)
-        if self.batch >= 1 << 15 or n_b >= 1 << 16:
-            raise NotImplementedError(f"flashtile: a packed batch of {self.batch} sequences with {n_b} query blocks in the "
-                                      "longest (work items hold 15 + 16 bits); split the batch")
-        dev = self.cu_q.device
-        bx = torch.arange(n_b, device=dev, dtype=torch.int32)[None, :]
-        b = torch.arange(self.batch, device=dev, dtype=torch.int32)[:, None]
-        len_q, len_k = self.lens_q[:, None], self.lens_k[:, None]
-        n_qb = (len_q + block_m - 1) // block_m
-        live = bx < n_qb
-        m0 = (n_qb - 1 - bx) * block_m
-        off = len_k - len_q
-        last_row = torch.minimum(m0 + block_m, len_q) - 1
-        lo = torch.clamp(m0 + off - left, min=0) // block_n
-        hi = torch.minimum((len_k + block_n - 1) // block_n, (torch.clamp(last_row + off + right + 1, min=0) + block_n - 1) // block_n)
-        seq_cost = torch.where(live, torch.clamp(hi - lo, min=0), 0).sum(dim=1, keepdim=True)
-        key = torch.where(live, seq_cost, -1).flatten()  # stable sort: b-major, bx-minor within equal keys
-        n_items = min(self.batch * n_b, -(-total_q // block_m) + self.batch)
-        order = torch.sort(key, descending=True, stable=True).indices[:n_items]
-        return (b << 16 | bx).flatten()[order].contiguous()
-
     def used_q_rows(self, total_q: int) -> torch.Tensor:
         """(total_q,) bool: the query rows some sequence uses."""
         rows = torch.arange(total_q, device=self.cu_q.device, dtype=torch.int32)
@@ -162,10 +131,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
     if packed is None:
         kernel(q, k, v, out, lse, sinks32, *scalars)
     else:
-        cfg = configs.fwd_config(d, dv, q.dtype, configs.mask_kind(window), True)
-        work = packed.query_work(q.shape[0], cfg.block_m, cfg.block_n, window)
-        kernel(q[None], k[None], v[None], out[None], lse[None], sinks32, *packed.tensors(), work, *scalars, packed.max_q,
-               packed.max_k)
+        kernel(q[None], k[None], v[None], out[None], lse[None], sinks32, *packed.tensors(), *scalars, packed.max_q, packed.max_k)
     return out, lse
 
 

@@ -2,14 +2,8 @@
 
 Grids: the forward and the deterministic dQ kernel launch (query block, head, batch) with the
 query blocks longest-first (``masks.query_tile``); the dK/dV kernels launch key blocks in
-``grouped_tile`` order; the persistent forward walks ``tile_pair`` items.  The packed (varlen)
-forward walks a work list instead (``query_grid`` / ``query_item``): the real query tiles,
-sequences with the most work first and each sequence's tiles together, built on the device by
-the launcher (``launch.Packed.query_work``), so no CTA is spent on blocks past a sequence's end
-and the long sequences do not start last.  (A list sorted tile by tile, heads fastest, lost
-35-40% at 8 x 4096 causal: concurrent CTAs read 100+ different K/V rows and L2 stopped helping;
-NOTES 2026-11-23 fourth session.)  The packed backward sizes its grid by
-the longest sequence and gives blocks past a sequence's end no work.
+``grouped_tile`` order; the persistent forward walks ``tile_pair`` items.  Packed (varlen)
+batches size the grid by the longest sequence and give blocks past a sequence's end no work.
 
 
 The GPU starts CTAs roughly in index order, so the order decides two things that pull
@@ -54,23 +48,3 @@ def tile_pair(item, half, n_qb, pairs, H):
     row = item // pairs
     mirror = n_qb - 1 - pair
     return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
-
-
-# Work-list items: batch entry << 16 | query block (in ``masks.query_tile``'s numbering).
-WORK_BLOCK_BITS = 16
-
-
-def query_grid(seqs, block_m, H):
-    """Grid extents of a query-tile kernel: dense (query blocks, H, batch); packed with a work
-    list (items, H, 1): items vary fastest, so each head walks the list in its order."""
-    if seqs.work is None:
-        return T.ceildiv(seqs.max_q, block_m), H, seqs.batch
-    return seqs.work.shape[0], H, 1
-
-
-def query_item(seqs, g0, g1, g2):
-    """(bx, h, b) of the CTA at grid index (g0, g1, g2) of ``query_grid``."""
-    if seqs.work is None:
-        return g0, g1, g2
-    item = T.alloc_var(T.int32, init=seqs.work[g0])[0]  # one load, kept in a register
-    return item & ((1 << WORK_BLOCK_BITS) - 1), g1, item >> WORK_BLOCK_BITS

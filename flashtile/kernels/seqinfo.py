@@ -74,13 +74,12 @@ class Sequences:
     """The batch as the grid sees it: ``batch`` entries, at most ``max_q`` / ``max_k`` rows."""
 
     def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, cu_stat=None,
-                 v_group=0, work=None):
+                 v_group=0):
         self.varlen = varlen
         self.batch, self.max_q, self.max_k = batch, max_q, max_k
         self._cu_q, self._cu_k, self._lens_q, self._lens_k = cu_q, cu_k, lens_q, lens_k
         self._cu_stat = cu_stat
         self._v_group = v_group
-        self.work = work  # the packed forward's work list (``schedule.query_grid``), or None
 
     def of(self, b) -> Sequence:
         """The ``Sequence`` of batch entry ``b``; call inside the kernel (varlen allocates
@@ -102,13 +101,12 @@ def dense(B, Sq, Sk) -> Sequences:
     return Sequences(False, B, Sq, Sk)
 
 
-def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None, v_group=0, work=None) -> Sequences:
+def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None, v_group=0) -> Sequences:
     """``cu_*`` (batch + 1,) int32 row offsets, ``lens_*`` (batch,) int32 lengths used,
     ``max_*`` int32 scalars bounding every length (grid extents); ``cu_stat`` (batch + 1,)
     int32: where each sequence starts in the backward's LSE2/Delta (4-aligned); ``v_group``: an
-    FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b`` (``operands.v_offsets``);
-    ``work``: the forward's (items,) int32 work list (``schedule.query_item``)."""
-    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat, v_group, work)
+    FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b`` (``operands.v_offsets``)."""
+    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat, v_group)
 
 
 @T.macro
