@@ -64,11 +64,10 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
             # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
             m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
             alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
+            if shifted:  # once per row, so each weight below stays one FFMA (finish recomputes m_safe)
+                m_safe[i] = m_safe[i] - p_offset
         for i, j in T.Parallel(block_m, block_n):
-            if shifted:
-                s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i] + p_offset)
-            else:
-                s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
+            s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
         T.reduce_sum(s, row_sum, dim=1)
         for i in T.Parallel(block_m):
             l[i] = l[i] * alpha[i] + row_sum[i]
