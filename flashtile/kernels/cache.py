@@ -1,12 +1,14 @@
 """Compiled-kernel cache keyed by static structure only.
 
 TileLang already memoises a ``@tilelang.jit`` builder per argument tuple and keeps compiled
-artifacts on disk (``$TILELANG_CACHE_DIR``), so a second process starts fast.  This layer
-adds a count of builds per structure, so tests can prove that new batch sizes, sequence
-lengths or head counts never trigger a compile, and says when a build happens: the first call
-of a new structure in a process can take seconds (a compile, or a load from TileLang's disk
-cache), so it is logged on the ``flashtile`` logger at INFO and, when stderr is a terminal,
-printed there as one line with the seconds it took.  ``FLASHTILE_QUIET=1`` silences the line.
+artifacts on disk (``$TILELANG_CACHE_DIR``), so a second process starts fast; before the first
+build of a process the package's prebuilt kernels are copied there (``prebuilt.install``).  This
+layer adds a count of builds per structure, so tests can prove that new batch sizes, sequence
+lengths or head counts never trigger a compile, and says when a build happens: every first use
+of a structure in a process is logged on the ``flashtile`` logger at INFO, and one that is still
+running after ``ANNOUNCE_AFTER_S`` (a compile, not a disk load) prints one line on stderr saying
+what is being built, how long it usually takes and how to build ahead of time, finished with
+the seconds it took.  ``FLASHTILE_QUIET=1`` silences the line.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+ANNOUNCE_AFTER_S = 1.0  # disk loads finish well within it; compiles take 5-40 s
 _lock = threading.Lock()
 _kernels: dict[tuple, Any] = {}
 builds: Counter = Counter()
@@ -33,31 +36,45 @@ def _describe(static: dict) -> str:
 
 
 def _announce() -> bool:
-    """Print build lines to stderr: only on a terminal, and not under FLASHTILE_QUIET=1."""
-    if os.environ.get("FLASHTILE_QUIET", "0") not in ("", "0"):
-        return False
-    try:
-        return sys.stderr is not None and sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
+    """Print build lines to stderr unless FLASHTILE_QUIET=1."""
+    return os.environ.get("FLASHTILE_QUIET", "0") in ("", "0") and sys.stderr is not None
 
 
 def _build(builder: Callable, name: str, kwargs: dict, static: dict) -> Any:
     what = f"{name} for {_describe(static)}"
-    loud = _announce()
-    log.info("compiling %s (first use in this process; cached on disk afterwards)", what)
-    if loud:
-        print(f"flashtile: compiling {what} (first use; cached on disk afterwards)...", end="", file=sys.stderr, flush=True)
+    log.info("building %s (first use in this process: a compile, or a load from the disk cache)", what)
+    said = threading.Event()
+
+    def say():
+        said.set()
+        print(f"flashtile: compiling {what} (first use on this machine, usually 5-40 s, cached on disk "
+              "afterwards; `python -m flashtile.kernels.precompile` builds ahead of time)...", end="",
+              file=sys.stderr, flush=True)
+
+    timer = None
+    if _announce():
+        if ANNOUNCE_AFTER_S <= 0:
+            say()
+        else:
+            timer = threading.Timer(ANNOUNCE_AFTER_S, say)
+            timer.daemon = True
+            timer.start()
     t0 = time.perf_counter()
     try:
         kernel = builder(**kwargs)
     except BaseException:
-        if loud:
+        if timer is not None:
+            timer.cancel()
+            timer.join()
+        if said.is_set():
             print(" failed", file=sys.stderr, flush=True)
         raise
+    if timer is not None:
+        timer.cancel()
+        timer.join()  # a line it started is finished below
     dt = time.perf_counter() - t0
-    log.info("compiled %s in %.1f s", what, dt)
-    if loud:
+    log.info("built %s in %.1f s", what, dt)
+    if said.is_set():
         print(f" {dt:.1f} s", file=sys.stderr, flush=True)
     return kernel
 
@@ -74,6 +91,10 @@ def get(builder: Callable, config: Any = None, **static) -> Any:
         with _lock:
             kernel = _kernels.get(key)
             if kernel is None:
+                if not _kernels:  # the first build of the process: the shipped kernels first
+                    from . import prebuilt
+
+                    prebuilt.install()
                 kwargs = {**static, **(config.as_kwargs() if config is not None else {})}
                 name = getattr(builder, "__name__", None) or getattr(getattr(builder, "func", None), "__name__", "kernel")
                 kernel = _build(builder, name, kwargs, static)
