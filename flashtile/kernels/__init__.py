@@ -9,8 +9,10 @@ and hand them to the one launcher, ``launch.py``.  A case no kernel covers raise
 Module map: ``configs`` (tiles, which builder), ``target`` (arch, pass configs, SM count),
 ``launch`` (choice, scalars, launch), ``seqinfo`` (where a batch entry's rows sit),
 ``masks`` (every mask), ``schedule`` (CTA -> tile), ``softmax`` (online softmax),
-``pipeline`` (the hand-written kernels' K/V loader), builders ``fwd``/``fwd_ws``/``bwd``/
-``bwd_ws``, ``cache`` (compile once per structure), ``precompile``, ``debug``.
+``pipeline`` (the hand-written kernels' K/V loader), ``operands`` (16-bit or FP8 element
+types of the forward), ``transpose_v`` (the FP8 forward's V^T pre-pass), builders ``fwd``/
+``fwd_ws``/``bwd``/``bwd_ws``, ``decode``/``combine`` (KV cache), ``cache`` (compile once per
+structure), ``prebuilt`` (kernels shipped with the package), ``precompile``, ``debug``.
 """
 
 from __future__ import annotations
