@@ -960,6 +960,20 @@ def summarize(results: list[Result], baseline: Optional[str]) -> list[dict]:
     return out
 
 
+def fp8_speedups(results: list[Result], fp8: str = "flashtile-fp8", bf16: str = "flashtile") -> list[dict]:
+    """Per (mode, mask, head dims): geometric mean over the cases of ``bf16`` ms / ``fp8`` ms in
+    the same run (> 1: FP8 faster), for issue 17's FP8-vs-own-bf16 bar; cases where either did
+    not run are left out."""
+    ms = {(r.case, r.mode, r.backend): r.ms for r in results if r.status == "ok" and r.ms}
+    groups: dict[tuple, list[float]] = {}
+    for r in results:
+        if r.backend != fp8 or (r.case, r.mode, bf16) not in ms or (r.case, r.mode, fp8) not in ms:
+            continue
+        groups.setdefault((r.mode, r.case.mask, r.case.dims), []).append(ms[(r.case, r.mode, bf16)] / ms[(r.case, r.mode, fp8)])
+    return [{"mode": m, "mask": mask, "headdim": d, "geomean_fp8_speedup": math.exp(sum(map(math.log, v)) / len(v)), "n": len(v)}
+            for (m, mask, d), v in groups.items()]
+
+
 # --------------------------------------------------------------------------------------------
 # Environment and reports
 # --------------------------------------------------------------------------------------------
@@ -1197,6 +1211,13 @@ def write_markdown(path: str, meta: dict, plan: Plan, results: list[Result], sum
             cells = [index.get((mode, mask, dims, b)) for b in others]
             out.append(f"| {mode} | {mask} | {dims} | " + " | ".join(
                 _fmt_ratio(s["geomean_vs_baseline"]) if s and s["geomean_vs_baseline"] else "-" for s in cells) + " |")
+        out.append("")
+    speedups = fp8_speedups(results)
+    if speedups:
+        out += ["## flashtile-fp8 vs flashtile (bf16/fp16) in the same run", "",
+                "Geometric mean of flashtile ms / flashtile-fp8 ms over the cases (> 1: FP8 faster; the FP8 call",
+                "includes its V^T pre-pass).", "", "| mode | mask | d | speed-up | cases |", "|---|---|---:|---:|---:|"]
+        out += [f"| {x['mode']} | {x['mask']} | {x['headdim']} | {_fmt_ratio(x['geomean_fp8_speedup'])} | {x['n']} |" for x in speedups]
         out.append("")
     with open(_parent(path), "w") as f:
         f.write("\n".join(out))

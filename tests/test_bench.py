@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import csv
 import itertools
 import json
@@ -353,3 +354,22 @@ def test_rounds_interleave_backends_and_report_the_median(monkeypatch, tmp_path)
     assert rows["flashtile"]["rounds_ms"].split() == ["1.0000", "3.0000", "5.0000"], rows["flashtile"]
     assert rows["flashtile"]["ms"] == 3.0 and rows["sdpa"]["ms"] == 4.0
     assert rows["flashtile"]["vs_baseline"] == 4.0 / 3.0
+
+
+def test_fp8_speedup_summary_pairs_cases_of_the_same_run():
+    """flashtile-fp8 vs flashtile per (mode, mask, d): geometric mean of bf16 ms / FP8 ms over the
+    cases both ran; a case where either failed is left out."""
+    from flashtile.bench import Case, Result, fp8_speedups
+
+    def case(s, causal=False):
+        return Case(1, s, s, 16, 16, 128, 128, causal, (-1, -1), "bfloat16")
+
+    results = [
+        Result(case(1024), "fwd", "flashtile", ms=2.0), Result(case(1024), "fwd", "flashtile-fp8", ms=1.0),
+        Result(case(4096), "fwd", "flashtile", ms=8.0), Result(case(4096), "fwd", "flashtile-fp8", ms=2.0),
+        Result(case(8192), "fwd", "flashtile", ms=8.0), Result(case(8192), "fwd", "flashtile-fp8", status="mismatch"),
+        Result(case(1024, True), "fwd", "flashtile", ms=3.0), Result(case(1024, True), "fwd", "flashtile-fp8", ms=2.0),
+        Result(case(1024), "bwd", "flashtile", ms=5.0), Result(case(1024), "bwd", "flashtile-fp8", status="unsupported"),
+    ]
+    got = {(x["mode"], x["mask"]): (round(x["geomean_fp8_speedup"], 6), x["n"]) for x in fp8_speedups(results)}
+    assert got == {("fwd", "full"): (round(math.sqrt(2.0 * 4.0), 6), 2), ("fwd", "causal"): (1.5, 1)}
