@@ -4,7 +4,7 @@
         --section LaunchStats --section WarpStateStats python3 benchmarks/decode_profile.py 1:8192:1:contig 128:2048:1:page256
 
 Each argument is ``B:L:sq:layout`` (layout ``contig``, ``page16`` or ``page256``; the shapes of
-benchmarks/decode_bench.py: bf16, 32 q heads, 8 kv heads, d = 128, causal, ``L + 256`` cache rows).
+flashtile/bench_decode.py: bf16, 32 q heads, 8 kv heads, d = 128, causal, ``L + 256`` cache rows).
 ``--tiles 64x2`` forces the decode tiles (``decode.TILE_OVERRIDE``).  Each case runs once
 unprofiled (load, warm-up), then once between cudaProfilerStart/Stop, so ncu reports exactly
 that call's kernels (decode, and combine when split) in the order of the printed case labels.
@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_bench import DT, HKV, LAYOUTS, D, H, as_layout  # noqa: E402
+from flashtile.bench_decode import DT, HKV, LAYOUTS, D, H, as_layout  # noqa: E402
 
 
 def main(argv=None) -> int:

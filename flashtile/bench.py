@@ -1,6 +1,7 @@
 """Timing table: flashtile against cuDNN, flash and efficient SDPA, FlexAttention and flash-attn.
 
     flashtile bench                                   # default grid (GPU), or a small CPU run
+    flashtile bench --decode --out DIR [--quick] [--fp8]   # KV-cache decode vs HBM bandwidth (GPU)
     flashtile bench --headdim 128 --seqlen 4k 16k --causal true --mode fwd bwd
     flashtile bench --json r.json --csv r.csv --plot r.png --markdown r.md
 
@@ -223,6 +224,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "threads on a busy machine cost more than they give)")
     t.add_argument("--time-limit", type=float, metavar="S",
                    help="stop timing after S seconds; the rest is reported as skipped")
+    g.add_argument("--decode", action="store_true",
+                   help="time KV-cache decode instead (flashtile.bench_decode: flash_attn_with_kvcache against the "
+                        "measured HBM read bandwidth, cuDNN / flash SDPA, FlexAttention, flash-attn if installed; "
+                        "its own flags below)")
+    from .bench_decode import add_arguments as add_decode_arguments
+
+    add_decode_arguments(parser.add_argument_group("decode (with --decode)"))
     g.add_argument("--varlen", action="store_true",
                    help="time packed variable-length batches instead (flashtile.bench_varlen: varlen vs padded, "
                         "equal-length, nested-jagged SDPA, a per-sequence loop, flash-attn); honours --headdim, "
@@ -1270,6 +1278,10 @@ def _stdout_console():
 
 def run(args: argparse.Namespace) -> int:
     """Run the sweep, print the tables, write the requested files; 1 if flashtile failed."""
+    if getattr(args, "decode", False):
+        from .bench_decode import run as run_decode
+
+        return run_decode(args)
     if getattr(args, "varlen", False):
         from .bench_varlen import run as run_varlen
 

@@ -373,3 +373,15 @@ def test_fp8_speedup_summary_pairs_cases_of_the_same_run():
     ]
     got = {(x["mode"], x["mask"]): (round(x["geomean_fp8_speedup"], 6), x["n"]) for x in fp8_speedups(results)}
     assert got == {("fwd", "full"): (round(math.sqrt(2.0 * 4.0), 6), 2), ("fwd", "causal"): (1.5, 1)}
+
+
+def test_decode_subcommand_is_wired_and_needs_a_gpu(monkeypatch, capsys):
+    """``flashtile bench --decode`` parses the decode sweep's flags and, without CUDA, says it
+    needs a GPU (exit 2) instead of failing somewhere inside."""
+    from flashtile import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = cli.build_parser().parse_args(["bench", "--decode", "--quick", "--fp8", "--tiles", "64x2", "--out", "/tmp/x"])
+    assert args.decode and args.quick and args.fp8 and args.tiles == "64x2" and args.out == "/tmp/x"
+    assert cli.main(["bench", "--decode", "--quick"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
