@@ -438,3 +438,38 @@ def test_opcheck_fp8():
     # The options default to None: calls written before them still match the schema.
     q = torch.randn(2, 7, 4, 16)
     torch.library.opcheck(ops.attention_fwd, (q, q[:, :, :2], q[:, :, :2], None, 0.3, -1, 0, 0.0, False))
+
+
+def test_descale_vector_layout_is_what_the_kernel_reads():
+    """The host's parameter vector (operands.params) and the kernel's reads (operands.tile_scales)
+    agree: sinks first, then q_descale * k_descale and v_descale, each (batch, Hkv) row-major;
+    softcap folds the q/k product into the tanh's input scale instead of the score scale."""
+    from flashtile.kernels.operands import FP8, Operands, params, tile_scales
+
+    gen = torch.Generator().manual_seed(5)
+    B, H, HKV = 3, 8, 2
+    sinks = torch.randn(H, generator=gen)
+    qd, kd, vd = (torch.rand(B, HKV, generator=gen) + 0.5 for _ in range(3))
+    vec = params(sinks, qd, kd, vd)
+    assert vec.shape == (H + 2 * B * HKV,) and torch.equal(vec[:H], sinks)
+    ops = Operands(FP8)
+    for b in range(B):
+        for hk in range(HKV):
+            sc, cap, out = tile_scales(ops, vec, H, HKV, B, b, hk, 2.0, 0.5, has_softcap=False)
+            assert math.isclose(float(sc), 2.0 * float(qd[b, hk] * kd[b, hk]), rel_tol=1e-6) and cap == 0.5
+            assert math.isclose(float(out), float(vd[b, hk]), rel_tol=1e-6)
+            sc, cap, _ = tile_scales(ops, vec, H, HKV, B, b, hk, 2.0, 0.5, has_softcap=True)
+            assert sc == 2.0 and math.isclose(float(cap), 0.5 * float(qd[b, hk] * kd[b, hk]), rel_tol=1e-6)
+    assert tile_scales(Operands("bfloat16"), vec, H, HKV, B, 0, 0, 2.0, 0.5, False) == (2.0, 0.5, None)
+
+
+def test_v_column_starts_match_the_kernel_formula():
+    from flashtile.kernels.operands import v_offsets
+    from flashtile.kernels.seqinfo import v_column_start
+
+    cu = torch.tensor([0, 5, 5, 22, 39, 40], dtype=torch.int32)
+    starts = v_offsets(cu).tolist()
+    assert starts == [v_column_start(int(k0), b, 16) for b, k0 in enumerate(cu.tolist())]
+    lens = (cu[1:] - cu[:-1]).tolist()
+    for b in range(len(lens)):  # whole groups of one sequence end before the next one starts
+        assert starts[b] % 16 == 0 and starts[b] + -(-lens[b] // 16) * 16 <= starts[b + 1]

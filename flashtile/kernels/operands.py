@@ -139,9 +139,11 @@ def params(sinks32: torch.Tensor, q_descale: torch.Tensor, k_descale: torch.Tens
 def v_offsets(cu_k: torch.Tensor) -> torch.Tensor:
     """Packed batches: (batch + 1,) int32 column where each sequence starts in V^T, a multiple of
     16 (whole groups) and at least its predecessor's start plus its length (no overlap).  The
-    kernel computes the same from cu_k (``seqinfo.Sequences.of``)."""
+    kernel computes the same from cu_k with the same function (``seqinfo.v_column_start``)."""
+    from .seqinfo import v_column_start
+
     b = torch.arange(cu_k.numel(), device=cu_k.device, dtype=torch.int32)
-    return ((cu_k + GROUP - 1) // GROUP * GROUP + GROUP * b).to(torch.int32).contiguous()
+    return v_column_start(cu_k, b, GROUP).to(torch.int32).contiguous()
 
 
 def packed_v_columns(total_k: int, batch: int) -> int:

@@ -92,9 +92,16 @@ class Sequences:
         len_q = T.alloc_var(T.int32, init=self._lens_q[b])[0]
         len_k = T.alloc_var(T.int32, init=self._lens_k[b])[0]
         s0 = None if self._cu_stat is None else T.alloc_var(T.int32, init=self._cu_stat[b])[0]
-        g = self._v_group  # FP8 V^T: sequence b starts at the first whole group past its k0, + g*b
-        v0 = (k0 + g - 1) // g * g + g * b if g else 0
+        v0 = v_column_start(k0, b, self._v_group) if self._v_group else 0
         return Sequence(True, b, len_q, len_k, q0, k0, s0, v0=v0)
+
+
+def v_column_start(k0, b, group: int):
+    """Column where packed sequence ``b`` (first key row ``k0``) starts in an FP8 forward's V^T:
+    the first multiple of ``group`` at or past k0, plus ``group * b`` so that no two sequences'
+    whole groups overlap.  Works on ints, torch tensors (the host pre-pass, ``operands``) and
+    TileLang expressions (the kernel), so both sides use one formula."""
+    return (k0 + group - 1) // group * group + group * b
 
 
 def dense(B, Sq, Sk) -> Sequences:
