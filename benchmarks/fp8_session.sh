@@ -20,6 +20,11 @@ step "fp8 bench" "${FP8_BENCH_S:-150}" "$out/fp8_bench.log" python3 -m flashtile
 step "fp8 breakdown" "${FP8_BREAKDOWN_S:-90}" "$out/fp8_breakdown.md" python3 benchmarks/fp8_breakdown.py \
   --headdim 128 256 --seqlen 1024 4096 16384
 cat "$out/fp8_breakdown.md"
+if [ -n "${FP8_TUNE_CONFIGS:-}" ]; then  # e.g. FP8_TUNE_CONFIGS="128,128,2,256,1,1,0 128,192,2,256,1,1,1" (prebuild them first)
+  step "fp8 tiles" "${FP8_TUNE_S:-120}" "$out/fp8_tune.log" python3 benchmarks/tune.py fwd --fp8 --headdim ${FP8_TUNE_D:-128} \
+    --seqlen 4096 16384 --repeat 2 --jobs 4 --configs $FP8_TUNE_CONFIGS
+  grep "^TUNE" "$out/fp8_tune.log"
+fi
 step "fp8 accuracy" "${FP8_ACC_S:-120}" "$out/fp8_accuracy.md" python3 benchmarks/fp8_accuracy.py --device cuda \
   --seqlen 2048 --seeds 2 --json "$out/fp8_accuracy.json"
 cat "$out/fp8_accuracy.md"
