@@ -284,3 +284,17 @@ def test_failed_build_is_not_cached(fresh_cache, monkeypatch):
 
 def test_public_names_unchanged():
     assert flashtile.flash_attn_func is flash_attn_func
+
+
+def test_unusable_prebuilt_bundle_falls_back_to_compiling(fresh_cache, monkeypatch, caplog):
+    """A cache directory that cannot take the bundle (read-only, full) or a damaged bundle is a
+    warning, not a failed call: the kernel is built as without a bundle."""
+    from flashtile.kernels import prebuilt
+
+    def broken():
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(prebuilt, "install", broken)
+    with caplog.at_level(logging.WARNING, logger="flashtile"):
+        assert cache.get(fake_fwd_kernel, None, headdim=32)[0] == "kernel"
+    assert any("prebuilt kernels not installed" in r.getMessage() for r in caplog.records)

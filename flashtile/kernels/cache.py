@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tarfile
 import threading
 import time
 from collections import Counter
@@ -94,7 +95,10 @@ def get(builder: Callable, config: Any = None, **static) -> Any:
                 if not _kernels:  # the first build of the process: the shipped kernels first
                     from . import prebuilt
 
-                    prebuilt.install()
+                    try:
+                        prebuilt.install()
+                    except (OSError, tarfile.TarError) as e:  # a read-only or full cache: compile instead
+                        log.warning("flashtile: prebuilt kernels not installed (%s); kernels compile on first use", e)
                 kwargs = {**static, **(config.as_kwargs() if config is not None else {})}
                 name = getattr(builder, "__name__", None) or getattr(getattr(builder, "func", None), "__name__", "kernel")
                 kernel = _build(builder, name, kwargs, static)

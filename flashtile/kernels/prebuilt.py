@@ -55,9 +55,9 @@ def cache_root() -> Path:
 
 
 def install() -> int:
-    """Copy the bundle's kernels into TileLang's cache (once per process; a marker per bundle
-    size and cache directory makes later processes skip the unpacking).  Returns the number of
-    entries added."""
+    """Copy the bundle's kernels into TileLang's cache (once per process; a marker per flashtile
+    version, bundle size and cache directory makes later processes skip the unpacking).  Returns
+    the number of entries added."""
     global _installed
     if _installed:
         return 0
@@ -67,7 +67,9 @@ def install() -> int:
         return 0
     root = cache_root()
     kernels = root / _platform() / "kernels"  # TileLang's layout: <version>/<platform>/kernels/<hash>/
-    marker = root / f".flashtile-prebuilt-{bundle.stat().st_size}"
+    from .. import __version__
+
+    marker = root / f".flashtile-prebuilt-{__version__}-{bundle.stat().st_size}"
     if marker.exists():
         return 0
     kernels.mkdir(parents=True, exist_ok=True)
