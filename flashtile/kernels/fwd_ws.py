@@ -250,11 +250,17 @@ def fwd_ws_prim_func(
             prev_h = T.alloc_var(T.int32, init=0)
             prev_b = T.alloc_var(T.int32, init=0)
             prev_last = T.alloc_var(T.int32, init=0)
-            if ops.fp8:  # the tile's scales (its batch entry's descales) and the previous tile's
+            # The tile's scales and the previous tile's (its epilogue runs in this tile's turn):
+            # the kernel's scalars for 16-bit inputs; for FP8, registers set per tile from the
+            # tile's batch entry's descales (``operands.tile_scales``).
+            if ops.fp8:
                 tile_sc = T.alloc_var(acc, init=score_scale)
                 tile_cap = T.alloc_var(acc, init=cap_in)
+                tile_vd = T.alloc_var(acc, init=1.0)
                 prev_sc = T.alloc_var(acc, init=score_scale)
                 prev_vd = T.alloc_var(acc, init=1.0)
+            else:
+                tile_sc, tile_cap, prev_sc, prev_vd = score_scale, cap_in, score_scale, None
 
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
@@ -310,12 +316,12 @@ def fwd_ws_prim_func(
                             # receives as arguments (TileLang 0.1.15 drops the stores).
                             tile_trips = pipelined_trips(n_blocks)
                             m0, kb_lo, last_row, trips = tile_m0, tile_kb_lo, tile_last_row, tile_trips
-                            mask_args = (m0, last_row, mask, score_scale, cap_in)
                             if ops.fp8:
-                                sc_e, cap_e, _ = tile_scales(ops, Sinks, H, Hkv, seqs.batch, b, h // groups, score_scale, cap_in, has_softcap)
+                                sc_e, cap_e, vd_e = tile_scales(ops, Sinks, H, Hkv, seqs.batch, b, h // groups, score_scale, cap_in, has_softcap)
                                 tile_sc = sc_e
                                 tile_cap = cap_e
-                                mask_args = (m0, last_row, mask, tile_sc, tile_cap)
+                                tile_vd = vd_e
+                            mask_args = (m0, last_row, mask, tile_sc, tile_cap)
                             slot = tiles % 2
                             T.barrier_wait(q_full[slot], (tiles // 2) & 1)
                             T.barrier_wait(k_full[0], phase)
@@ -337,10 +343,7 @@ def fwd_ws_prim_func(
                             T.wait_wgmma(0)
                             if tiles > 0:
                                 T.barrier_arrive(v_empty[prev_last % 2])
-                                if ops.fp8:
-                                    epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
-                                else:
-                                    epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
+                                epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
                             T.clear(o)
                             cast_p(s, p)
                             block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
@@ -360,9 +363,8 @@ def fwd_ws_prim_func(
                             prev_b = b
                             prev_last = last
                             if ops.fp8:
-                                _, _, vd_e = tile_scales(ops, Sinks, H, Hkv, seqs.batch, b, h // groups, score_scale, cap_in, has_softcap)
                                 prev_sc = tile_sc
-                                prev_vd = vd_e
+                                prev_vd = tile_vd
                             phase = phase ^ (T.ceildiv(trips, 2) & 1)
                             tiles = tiles + 1
                 # The CTA's last tile: its P V and epilogue with nothing to overlap.
@@ -371,10 +373,7 @@ def fwd_ws_prim_func(
                 pass_turn(wg)
                 T.wait_wgmma(0)
                 T.barrier_arrive(v_empty[prev_last % 2])
-                if ops.fp8:
-                    epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
-                else:
-                    epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], score_scale, prev_m0, prev_h, seqs.of(prev_b))
+                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
 
     return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel, out_dtype)
 
