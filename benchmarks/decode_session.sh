@@ -7,11 +7,8 @@
 #
 #   bash benchmarks/decode_session.sh "$OUT/decode"
 set -uo pipefail
-out=${1:-${OUT:-device-out}/decode}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
 . "$(dirname "${BASH_SOURCE[0]}")/session_steps.sh"
-: > "$out/summary.txt"
+session_start "${1:-${OUT:-device-out}/decode}"
 # kernel_cache.sh enforces PRECOMPILE_S itself (killing the whole build process group)
 step precompile 900 "$out/precompile.log" env FILL_S="${PRECOMPILE_S:-100}" bash benchmarks/kernel_cache.sh fill 8 decode
 step "kvcache gpu tests" "${TESTS_S:-180}" "$out/gpu_kvcache.log" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kvcache.py

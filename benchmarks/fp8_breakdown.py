@@ -7,7 +7,6 @@ kernel alone, the whole call (GPU time, L2 not cleared), and the host time per c
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from triton.testing import do_bench
@@ -18,19 +17,7 @@ from flashtile.kernels import launch, operands
 from flashtile.kernels.masks import host_window
 from flashtile.kernels.softmax import LOG2E
 from flashtile.kernels.transpose_v import launch_transpose_v
-
-
-def host_us(fn, iters=200) -> float:
-    """Host time per call: calls queued back to back on a tiny problem would be host-bound."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    dt = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return dt / iters * 1e6
+from launch_overhead import per_call_us  # benchmarks/ is on sys.path when run as a script
 
 
 def main() -> None:
@@ -65,8 +52,8 @@ def main() -> None:
             sq, sk, sv = small
             tq, tk, tv = (x[:1, :128, :2].contiguous() for x in (q, k, v))
             hd = [x[:1, :2].contiguous() for x in (qd, kd, vd)]
-            h8 = host_us(lambda: flashtile.flash_attn_func(sq, sk, sv, causal=a.causal, q_descale=hd[0], k_descale=hd[1], v_descale=hd[2]))
-            h16 = host_us(lambda: flashtile.flash_attn_func(tq, tk, tv, causal=a.causal))
+            h8 = per_call_us(lambda: flashtile.flash_attn_func(sq, sk, sv, causal=a.causal, q_descale=hd[0], k_descale=hd[1], v_descale=hd[2]))
+            h16 = per_call_us(lambda: flashtile.flash_attn_func(tq, tk, tv, causal=a.causal))
             print(f"| {d} | {s} | {t_vt:.0f} | {t_k:.0f} | {t_call:.0f} | {t_bf16:.0f} | {h8:.0f} | {h16:.0f} |", flush=True)
 
 

@@ -7,11 +7,9 @@
 #
 #   bash .carry/install.sh && export PYTHONPATH=/tmp/site:$PWD && bash benchmarks/fp8_session.sh
 set -uo pipefail
-out=${1:-${OUT:-device-out}/fp8}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} FLASHTILE_QUIET=1
 . "$(dirname "${BASH_SOURCE[0]}")/session_steps.sh"
-: > "$out/summary.txt"
+session_start "${1:-${OUT:-device-out}/fp8}"
+export FLASHTILE_QUIET=1
 step precompile 900 "$out/precompile.log" env FILL_S="${PRECOMPILE_S:-120}" bash benchmarks/kernel_cache.sh fill 14 fp8
 step "fp8 gpu tests" "${FP8_TESTS_S:-150}" "$out/gpu_fp8.log" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_fp8.py
 step "fp8 bench" "${FP8_BENCH_S:-150}" "$out/fp8_bench.log" python3 -m flashtile.bench --mode fwd \

@@ -388,22 +388,9 @@ def structures(cases):
 
 
 def _build(p, kwargs):
-    from flashtile.kernels.launch import backward_kernels, forward_kernel
+    from flashtile.kernels.precompile import build
 
-    t = time.time()
-    if p == "decode":
-        from flashtile.kernels.decode import get_decode_kernels
-
-        get_decode_kernels(**kwargs)
-    elif p == "fwd8":  # the FP8 forward and its V^T pre-pass
-        from flashtile.kernels import cache as kcache
-        from flashtile.kernels.transpose_v import transpose_v_kernel
-
-        forward_kernel(**kwargs)
-        kcache.get(transpose_v_kernel, dim_v=kwargs["dim_v"], varlen=kwargs["varlen"])
-    else:
-        forward_kernel(**kwargs) if p == "fwd" else backward_kernels(**kwargs)
-    return f"built {p} {kwargs} in {time.time() - t:.1f}s"
+    return "built " + build(p, kwargs)
 
 
 def precompile(cases, jobs: int) -> int:

@@ -1,4 +1,10 @@
-# Sourced by the device session scripts (decode_session.sh, varlen_session.sh): one timed step.
+# Sourced by the device session scripts (decode_session.sh, varlen_session.sh, fp8_session.sh):
+# the common start and one timed step.
+#
+#   session_start DIR
+#
+# sets $out to DIR (created), the environment every session runs with, and an empty
+# "$out/summary.txt".
 #
 #   step LABEL BUDGET_S LOG command [args...]
 #
@@ -12,4 +18,11 @@ step() {
   timeout "$budget" "$@" > "$log" 2>&1
   rc=$?
   echo "$label: $(( $(date +%s) - t0 ))s (rc $rc): $(tail -n 1 "$log")" | tee -a "$out/summary.txt"
+}
+
+session_start() {
+  out=$1
+  mkdir -p "$out"
+  export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
+  : > "$out/summary.txt"
 }

@@ -5,11 +5,9 @@
 #
 #   bash .carry/install.sh && export PYTHONPATH=/tmp/site:$PWD && bash benchmarks/varlen_session.sh
 set -uo pipefail
-out=${1:-${OUT:-device-out}/varlen}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} FLASHTILE_QUIET=1
 . "$(dirname "${BASH_SOURCE[0]}")/session_steps.sh"
-: > "$out/summary.txt"
+session_start "${1:-${OUT:-device-out}/varlen}"
+export FLASHTILE_QUIET=1
 # kernel_cache.sh enforces PRECOMPILE_S itself (killing the whole build process group)
 step precompile 900 "$out/precompile.log" env FILL_S="${PRECOMPILE_S:-130}" bash benchmarks/kernel_cache.sh fill 14 varlen
 step "varlen gpu tests" "${VARLEN_TESTS_S:-120}" "$out/gpu_varlen.log" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_varlen.py

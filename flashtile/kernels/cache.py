@@ -61,22 +61,17 @@ def _build(builder: Callable, name: str, kwargs: dict, static: dict) -> Any:
             timer.daemon = True
             timer.start()
     t0 = time.perf_counter()
+    kernel = None
     try:
         kernel = builder(**kwargs)
-    except BaseException:
+    finally:
         if timer is not None:
             timer.cancel()
-            timer.join()
+            timer.join()  # a line it started is finished here
+        dt = time.perf_counter() - t0
         if said.is_set():
-            print(" failed", file=sys.stderr, flush=True)
-        raise
-    if timer is not None:
-        timer.cancel()
-        timer.join()  # a line it started is finished below
-    dt = time.perf_counter() - t0
+            print(f" {dt:.1f} s" if kernel is not None else " failed", file=sys.stderr, flush=True)
     log.info("built %s in %.1f s", what, dt)
-    if said.is_set():
-        print(f" {dt:.1f} s", file=sys.stderr, flush=True)
     return kernel
 
 

@@ -124,7 +124,8 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
                             target.sm_count(q.device), _dtype_name(out_dtype))
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
-        v = launch_transpose_v(v, packed) if packed is None else launch_transpose_v(v, packed)[0]
+        v = launch_transpose_v(v, packed)
+        v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
         sinks32 = operands.params(sinks32, *fp8[:3])
     left, right = host_window(window)
     scalars = (*_scores(softmax_scale, softcap), left, right)
