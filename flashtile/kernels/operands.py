@@ -50,7 +50,6 @@ class Operands:
         self.fp8 = dtype == FP8
         self.dtype = dtype
         self.out_dtype = out_dtype or ("bfloat16" if self.fp8 else dtype)
-        self.p_dtype = dtype
         self.p_offset = P_OFFSET if self.fp8 else 0.0
 
     # --- shapes -------------------------------------------------------------------------------
@@ -71,7 +70,7 @@ class Operands:
         """Macro ``cast_p(s, p)``: weights ``s`` (fp32) -> P fragment ``p``.  FP8: column j
         takes key ``key_of_column(j)``, an S register the same thread holds (no data moves
         between threads; TileLang proves the two fragment layouts agree on the thread)."""
-        fp8, p_dtype = self.fp8, self.p_dtype
+        fp8, p_dtype = self.fp8, self.dtype
 
         @T.macro
         def cast_p(s, p):
@@ -111,23 +110,15 @@ def padded_keys(keys: int) -> int:
 
 def transpose_v(v: torch.Tensor) -> torch.Tensor:
     """Dense FP8 V (B, Sk, Hkv, Dv) -> V^T (B, Hkv, Dv, ceil16(Sk)) with each 16-key group's keys
-    in ``key_of_column`` order, zero keys past Sk.  One strided copy (the group permutation is a
-    view: key = 8a + 2q + c goes to column 4q + 2a + c)."""
+    in ``key_of_column`` order, zero keys past Sk: the reference of ``transpose_v.py``'s kernel.
+    The group permutation is a view (key = 8a + 2q + c goes to column 4q + 2a + c), so it is one
+    copy of the zero-padded keys."""
     b, sk, hkv, dv = v.shape
     skp = padded_keys(sk)
-    vt = torch.empty(b, hkv, dv, skp, dtype=v.dtype, device=v.device)
-    full = sk // GROUP * GROUP
-    # int8 views: PyTorch's copy kernels do not all take float8 (same bytes either way).
-    dst, src = vt.view(torch.int8), v.view(torch.int8)
-    if full:
-        g = full // GROUP
-        dst[..., :full].view(b, hkv, dv, g, 4, 2, 2).copy_(
-            src[:, :full].view(b, g, 2, 4, 2, hkv, dv).permute(0, 5, 6, 1, 3, 2, 4))
-    if skp > full:  # the last, partial group through a zero-padded copy of its keys
-        tail = src.new_zeros(b, GROUP, hkv, dv)
-        tail[:, : sk - full] = src[:, full:]
-        dst[..., full:].view(b, hkv, dv, 1, 4, 2, 2).copy_(tail.view(b, 1, 2, 4, 2, hkv, dv).permute(0, 5, 6, 1, 3, 2, 4))
-    return vt
+    # int8 views: PyTorch's pad and copy kernels do not all take float8 (same bytes either way).
+    src = torch.nn.functional.pad(v.view(torch.int8), (0, 0, 0, 0, 0, skp - sk))
+    grouped = src.view(b, skp // GROUP, 2, 4, 2, hkv, dv).permute(0, 5, 6, 1, 3, 2, 4)
+    return grouped.reshape(b, hkv, dv, skp).view(v.dtype)
 
 
 def params(sinks32: torch.Tensor, q_descale: torch.Tensor, k_descale: torch.Tensor, v_descale: torch.Tensor) -> torch.Tensor:

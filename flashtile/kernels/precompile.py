@@ -59,11 +59,10 @@ def build(p: str, kwargs: dict) -> str:
     if p.startswith("decode"):
         get_decode_kernels(**kwargs)
     elif "fwd8" in p:  # the FP8 forward and its V^T pre-pass
-        from . import cache
-        from .transpose_v import transpose_v_kernel
+        from .transpose_v import get_kernel
 
         forward_kernel(**kwargs)
-        cache.get(transpose_v_kernel, dim_v=kwargs["dim_v"], varlen=kwargs["varlen"])
+        get_kernel(kwargs["dim_v"], kwargs["varlen"])
     else:
         forward_kernel(**kwargs) if "fwd" in p else backward_kernels(**kwargs)
     return f"{p:8s} {kwargs} {time.time() - t:.1f}s"

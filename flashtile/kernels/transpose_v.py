@@ -75,6 +75,11 @@ def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: in
     return main_varlen
 
 
+def get_kernel(dim_v: int, varlen: bool):
+    """The compiled pre-pass for one V head dim, dense or packed."""
+    return cache.get(transpose_v_kernel, dim_v=dim_v, varlen=varlen)
+
+
 def launch_transpose_v(v: torch.Tensor, packed=None) -> torch.Tensor:
     """V^T for the FP8 forward: dense v (B, Sk, Hkv, Dv) -> (B, Hkv, Dv, ceil16(Sk)); packed
     v (total_k, Hkv, Dv) with ``packed`` (``launch.Packed``) -> (1, Hkv, Dv, columns)."""
@@ -83,10 +88,10 @@ def launch_transpose_v(v: torch.Tensor, packed=None) -> torch.Tensor:
         b, sk, hkv, _ = v.shape
         vt = debug.new_output((b, hkv, dv, padded_keys(sk)), v.dtype, v.device)
         if vt.numel():
-            cache.get(transpose_v_kernel, dim_v=dv, varlen=False)(v, vt)
+            get_kernel(dv, False)(v, vt)
         return vt
     total_k, hkv, _ = v.shape
     vt = torch.zeros(1, hkv, dv, packed_v_columns(total_k, packed.batch), dtype=v.dtype, device=v.device)
     if packed.batch and packed.max_k and vt.numel():
-        cache.get(transpose_v_kernel, dim_v=dv, varlen=True)(v[None], vt, packed.cu_k, packed.lens_k, packed.max_k)
+        get_kernel(dv, True)(v[None], vt, packed.cu_k, packed.lens_k, packed.max_k)
     return vt
