@@ -5,7 +5,8 @@
 
 Each argument is ``B:L:sq:layout`` (layout ``contig``, ``page16`` or ``page256``; the shapes of
 flashtile/bench_decode.py: bf16, 32 q heads, 8 kv heads, d = 128, causal, ``L + 256`` cache rows).
-``--tiles 64x2`` forces the decode tiles (``decode.TILE_OVERRIDE``).  Each case runs once
+``--tiles 64x2`` forces the decode tiles (``decode.TILE_OVERRIDE``); ``--fp8`` profiles an
+float8_e4m3fn copy of each cache instead (the warp-specialised ``decode_ws`` kernel).  Each case runs once
 unprofiled (load, warm-up), then once between cudaProfilerStart/Stop, so ncu reports exactly
 that call's kernels (decode, and combine when split) in the order of the printed case labels.
 """
@@ -26,6 +27,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cases", nargs="+", help="B:L:sq:layout, e.g. 1:8192:1:contig")
     ap.add_argument("--tiles", default="", help="block_n x stages, e.g. 64x2")
+    ap.add_argument("--fp8", action="store_true", help="an FP8 copy of each cache, with its descales")
     args = ap.parse_args(argv)
     from flashtile import flash_attn_with_kvcache
     from flashtile.kernels import decode as decode_mod
@@ -40,12 +42,18 @@ def main(argv=None) -> int:
         kc = torch.randn(B, L + 256, HKV, D, device=dev, dtype=DT)
         vc = torch.randn_like(kc)
         q = torch.randn(B, sq, H, D, device=dev, dtype=DT)
+        if args.fp8:
+            from flashtile.bench_decode import quantize_cache
+
+            (kc, kd), (vc, vd) = quantize_cache(kc), quantize_cache(vc)
         kcache, vcache, kw = as_layout(kc, vc, pages[layout])
+        if args.fp8:
+            kw.update(k_descale=kd, v_descale=vd)
         seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
         run = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
         run()
         torch.cuda.synchronize()
-        print(f"case {case} tiles {args.tiles or 'default'}: {2 * kc[:, :L].numel() * DT.itemsize / 2**20:.0f} MB of K+V", flush=True)
+        print(f"case {case} tiles {args.tiles or 'default'}: {2 * kc[:, :L].numel() * kc.element_size() / 2**20:.0f} MB of K+V", flush=True)
         torch.cuda.profiler.start()
         run()
         torch.cuda.synchronize()

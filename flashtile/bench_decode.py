@@ -154,7 +154,7 @@ def entry0_rows(cache, L, page, kw):
 
 
 def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
-    """FP8-cache rows (contiguous and page 256) beside the bf16 ones: graph time, % of the
+    """FP8-cache rows (contiguous, page 16 and page 256) beside the bf16 ones: graph time, % of the
     bandwidth for the FP8 bytes, and the speed-up over the bf16 cache in the same layout."""
     from flashtile import flash_attn_with_kvcache
 
@@ -164,7 +164,7 @@ def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
     seqlens = torch.full((B,), L, dtype=torch.int32, device=kc.device)
     kv_bytes = 2 * B * L * HKV * D  # one byte per element
     io_bytes = kv_bytes + 2 * q.numel() * DT.itemsize
-    for layout, page in (("contig", None), ("page256", 256)):
+    for layout, page in (("contig", None), ("page16", 16), ("page256", 256)):
         kcache, vcache, kw = as_layout(k8, v8, page)
         call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
                                                k_descale=kd, v_descale=vd, **kw)
@@ -215,7 +215,7 @@ def add_arguments(ap) -> None:
     """The decode sweep's flags (``flashtile bench --decode`` takes them in their own group)."""
     ap.add_argument("--out", default="decode-bench", metavar="DIR", help="decode.json and decode.md go here")
     ap.add_argument("--quick", action="store_true", help="B=1 8k and B=8 32k only")
-    ap.add_argument("--fp8", action="store_true", help="also an FP8 (float8_e4m3fn) copy of each cache, contiguous and page 256")
+    ap.add_argument("--fp8", action="store_true", help="also an FP8 (float8_e4m3fn) copy of each cache, contiguous, page 16 and page 256")
     ap.add_argument("--tiles", default="", help="also time these decode tiles, e.g. '64x2,128x2' (block_n x stages; graph-replayed)")
 
 

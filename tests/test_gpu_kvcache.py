@@ -112,6 +112,13 @@ GRID = [
     C(batch=3, length=1000, sq=2, snew=2, sinks=True, softcap=30.0, page=1, splits=7, dtype=FP16, fp8=True),
     C(batch=1, length=129, sq=4, snew=4, d=192, dv=128, page=64, window=(50, -1), fp8=True),
     C(batch=3, length=1000, d=64, dv=64, leftpad=True, batch_idx=True, splits=1, fp8=True),
+    # ... run in split pairs (decode_ws): an odd request, a pair whose second split is empty,
+    # 64 query rows of one tile, more rows than a tile, head dim 256, MQA
+    C(batch=2, length=300, sq=16, snew=16, page=16, splits=5, fp8=True),
+    C(batch=1, length=129, sq=1, splits=8, h=32, hkv=8, fp8=True),
+    C(batch=1, length=1000, sq=40, snew=40, h=4, hkv=4, splits=1, fp8=True),
+    C(batch=2, length=4000, sq=2, snew=2, d=256, dv=256, sinks=True, softcap=30.0, dtype=FP16, fp8=True),
+    C(batch=5, length=2049, sq=1, h=8, hkv=1, causal=False, window=(700, 0), page=256, fp8=True),
 ]
 
 

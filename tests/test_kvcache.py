@@ -415,8 +415,37 @@ def test_ctas_per_sm():
     assert ctas_per_sm({"block_n": 128, "num_stages": 2}, 128, 128, 2) == 1
     assert ctas_per_sm({"block_n": 64, "num_stages": 2}, 128, 128, 2) == 2
     assert ctas_per_sm({"block_n": 64, "num_stages": 2}, 256, 256, 2) == 1
-    # FP8 cache: 64-key FP8 stages plus one widened bf16 tile still fit twice (88 KB)
-    assert ctas_per_sm({"block_n": 64, "num_stages": 2}, 128, 128, 2, 1) == 2
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (192, 128), (256, 256), (96, 96)])
+@pytest.mark.parametrize("cache", ["float8_e4m3fn", "bfloat16"])
+def test_ws_schedule_fits_one_cta_per_sm(d, dv, cache):
+    """The warp-specialised schedule's tiles (FP8 caches; 16-bit ones behind the developer
+    switch) fit Hopper's 227 KB per CTA at every head dim and divide its 128 producer threads
+    into whole key rows."""
+    from flashtile.kernels.decode_ws import smem_bytes, ws_config
+
+    item = 1 if cache.startswith("float8") else 2
+    cfg = ws_config(d, dv, item)
+    assert smem_bytes(d, dv, cfg["block_n"], cfg["num_stages"], cfg["wide_tiles"], item) <= 227 * 1024 - 2048, cfg
+    assert 128 % cfg["block_n"] == 0 and cfg["num_stages"] >= 3, cfg
+
+
+def test_fp8_cache_takes_the_ws_schedule_in_split_pairs():
+    from flashtile.kernels.decode import MAX_SPLITS, decode_kernel, decode_schedule, split_count
+    from flashtile.kernels.decode_ws import decode_ws_kernel
+
+    sched = decode_schedule(128, 128, "bfloat16", "float8_e4m3fn")
+    assert sched.kernel is decode_ws_kernel and sched.splits_per_cta == 2 and sched.ctas_per_sm == 1
+    bf16 = decode_schedule(128, 128, "bfloat16", None)
+    assert bf16.kernel is decode_kernel and bf16.splits_per_cta == 1
+    for requested in (0, 1, 2, 3, 7, 500):
+        for ctas, blocks in ((8, 128), (512, 64), (1, 2), (2048, 4096)):
+            n = split_count(requested, ctas, blocks, 132, sched, 32 * 128)
+            assert n % 2 == 0 and 2 <= n <= MAX_SPLITS, (requested, ctas, blocks, n)
+            assert split_count(requested, ctas, blocks, 132, bf16, 32 * 128) >= 1
+    assert split_count(7, 8, 128, 132, sched, 32 * 128) == 6  # a requested odd count rounds down to pairs
+    assert split_count(1, 8, 128, 132, sched, 32 * 128) == 2  # ... but never below one pair
 
 
 # --- kernel builds (nvcc, no GPU) -----------------------------------------------------------
@@ -580,11 +609,13 @@ def test_fp8_opcheck(gen):
 @pytest.mark.parametrize("d,dv,dtype,sinks,softcap", [(128, 128, "bfloat16", False, False), (192, 128, "float16", True, True)],
                          ids=lambda x: str(x))
 def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
-    """The FP8-cache decode kernel: FP8 bytes through cp.async (16-byte vectors), widened in
-    shared memory for bf16/fp16 WGMMAs."""
+    """The FP8-cache decode kernel (decode_ws): FP8 bytes through explicit cp.async (16-byte
+    copies) by a producer warpgroup, widened to fp16 pairwise (one cvt per two values) for fp16
+    WGMMAs, handed over through mbarriers."""
     from flashtile.kernels.decode import get_decode_kernels
 
     decode, _ = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")
     src = decode.get_kernel_source()
-    assert "fp8_e4_t" in src and "cp_async" in src and "wgmma" in src
-    assert "__tl_cvt_fp8x2_to_float2" in src or "fp8" in src
+    assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "cp_async_wait<2>" in src
+    assert "__tl_cvt_fp8x2_to_half2" in src and "wgmma_ss<tl::DataType::kFloat16" in src
+    assert "fence_proxy_async" in src and "__launch_bounds__(256, 1)" in src

@@ -48,6 +48,8 @@ spending minutes on their nested min/max/div.
 
 import functools
 import math
+import os
+from typing import NamedTuple
 
 import tilelang
 import tilelang.language as T
@@ -78,6 +80,134 @@ class GroupRows:
         return self.sinks[self.head_s[i]]
 
 
+class SplitTile:
+    """One decode CTA's share of the work, as registers (``T.alloc_var``: opaque to TileLang's
+    simplifier, which otherwise spends minutes proving facts about the nested min/max/div of
+    the key range).  Built inside the kernel by every decode schedule.
+
+    Row tile ``row_tile`` holds rows ``r0 .. r0 + 63`` of the ``rows = group x Sq`` rows of kv
+    head ``hk``; its query tokens ``t_first .. t_last`` see keys ``[k_lo, k_hi)``, i.e.
+    ``n_blocks`` key blocks from ``kb_lo``, dealt out in runs of ``per_split`` to
+    ``num_splits`` splits; split ``split`` owns ``my_blocks`` blocks from ``kb_first``
+    (``blocks(s)`` gives any split's).  ``mask`` is masks.py's view of the entry (Sq query
+    tokens, keys ``[lp, seqlen_k)``); ``sc`` / ``cap`` the score and softcap input scales with
+    an FP8 cache's K descale folded in."""
+
+    def __init__(self, row_tile, split, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, num_splits, block_n,
+                 KDescale, score_scale, cap_in, fp8: bool, has_softcap: bool):
+        acc = T.float32
+
+        def reg(dtype, value):
+            return T.alloc_var(dtype, init=value)[0]
+
+        self.b, self.hk = b, hk
+        self.group = reg(T.int32, H // Hkv)
+        self.rows = reg(T.int32, self.group * Sq)
+        self.split = reg(T.int32, split)
+        self.r0 = reg(T.int32, row_tile * BLOCK_M)
+        self.seqlen_k = reg(T.int32, SeqlensK[b])
+        self.lp = reg(T.int32, Leftpad[b])
+        self.off = reg(T.int32, self.seqlen_k - Sq)
+        self.t_first = reg(T.int32, self.r0 // self.group)
+        self.t_last = reg(T.int32, (T.min(self.r0 + BLOCK_M, self.rows) - 1) // self.group)
+        k_lo = reg(T.int32, T.max(T.max(self.lp, self.t_first + self.off - left), 0))
+        k_hi = reg(T.int32, T.min(self.seqlen_k, self.t_last + self.off + right + 1))
+        self.kb_lo = reg(T.int32, k_lo // block_n)
+        self.n_blocks = reg(T.int32, T.max(T.ceildiv(T.max(k_hi, 0), block_n) - self.kb_lo, 0))
+        self.per_split = reg(T.int32, T.ceildiv(self.n_blocks, num_splits))
+        kb_first, my_blocks = self.blocks(self.split)
+        self.kb_first = reg(T.int32, kb_first)
+        self.my_blocks = reg(T.int32, my_blocks)
+        self.mask = TileMask(Sequence(False, b, Sq, self.seqlen_k, key_lo=self.lp, off=self.off), left, right)
+        # An FP8 cache's K descale scales every score: folded into the scale the softmax
+        # applies (into the softcap's input scale with softcap); V's scales the output.
+        kd = reg(acc, KDescale[b, hk] if fp8 else 1.0)
+        self.sc = reg(acc, score_scale * kd if (fp8 and not has_softcap) else score_scale)
+        self.cap = reg(acc, cap_in * kd if fp8 else cap_in)
+
+    def blocks(self, split):
+        """(first key block, block count) of split ``split`` (expressions; counts never grow
+        with the split index)."""
+        return (self.kb_lo + split * self.per_split,
+                T.max(T.min(self.per_split, self.n_blocks - split * self.per_split), 0))
+
+    def key(self, j):
+        """Key ``j`` clamped into the entry's keys ``[lp, seqlen_k)``: a tile row outside them
+        loads the nearest valid key (masked to zero weight), so stale or NaN cache contents
+        past the end or before the left padding are never read."""
+        return T.min(T.max(j, self.lp), self.seqlen_k - 1)
+
+
+def cache_page(j, page_size, page_shift):
+    """Logical page of key ``j``: a shift for a power-of-two page size (``page_shift >= 0``;
+    31 for a contiguous cache, whose visible keys all sit on page 0), else a division."""
+    return T.if_then_else(page_shift >= 0, T.shift_right(j, page_shift), j // page_size)
+
+
+def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: bool, has_softcap: bool, block_n: int,
+                  tile_rows: int = BLOCK_M, synced: bool = True):
+    """Macros ``load_queries`` and ``store`` shared by the decode schedules (``block_n`` only
+    shapes the softmax macros' tiles).  ``tile_rows``: 64, or 128 where two warpgroups each
+    hold the same 64 query rows (row i is query row ``i % 64`` of the tile) for two splits.
+    ``synced``: False for a kernel built without TileLang's sync pass (the macro then places
+    its own barrier).
+
+    ``load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)``: each tile row's query
+    token, head, and its rows in Q/O and in the (B, H, Sq) lse, divided out once into shared
+    tables, so no copy or store below divides (TileLang widens index arithmetic to 64 bits;
+    64-bit divisions inlined in unrolled copy/store loops made the kernel 250 KB of SASS, whose
+    instruction fetch dominated short caches: NOTES); then Q's rows into ``q_s`` as
+    ``q_dtype`` (rows past the tile's real rows as 0).
+
+    ``store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s,
+    qrow_s, lrow_s, tile, RQ, num_splits, out_scale)``: softmax.py's epilogue (O normalised,
+    lse in natural log; the sink folded in here with one split, by the combine kernel
+    otherwise), then O/lse or the split's fp32 partials (``tile.split``), real rows only.
+    """
+    _, finish = online_softmax(tile_rows, block_n, dim_v, has_sinks, has_softcap)
+    _, finish_partial = online_softmax(tile_rows, block_n, dim_v, False, has_softcap)  # sinks: combine.py
+
+    def real(tile, i):
+        return tile.r0 + i % BLOCK_M < tile.rows
+
+    @T.macro
+    def load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq):
+        b, r0, group = tile.b, tile.r0, tile.group
+        for i in T.Parallel(tile_rows):
+            tok_s[i] = (r0 + i % BLOCK_M) // group
+            head_s[i] = tile.hk * group + (r0 + i % BLOCK_M) % group
+        for i in T.Parallel(tile_rows):
+            # Rows past the tile's real rows point at row 0; they are never stored.
+            qrow_s[i] = T.if_then_else(real(tile, i), (b * Sq + tok_s[i]) * H + head_s[i], 0)
+            lrow_s[i] = T.if_then_else(real(tile, i), (b * H + head_s[i]) * Sq + tok_s[i], 0)
+        if not synced:
+            T.sync_threads()
+        for i, c in T.Parallel(tile_rows, dim):
+            q_s[i, c] = T.if_then_else(real(tile, i), T.cast(Q[qrow_s[i], c], q_dtype), T.cast(0, q_dtype))
+
+    @T.macro
+    def store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
+              RQ, num_splits, out_scale):
+        if num_splits == 1:
+            finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(tok_s, head_s, Sinks), tile.sc, out_scale)
+            for i, c in T.Parallel(tile_rows, dim_v):
+                if real(tile, i):
+                    O[qrow_s[i], c] = T.cast(o[i, c], dtype)
+            for i in T.Parallel(tile_rows):
+                if real(tile, i):
+                    LSE[lrow_s[i]] = lse[i]
+        else:
+            finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, tile.sc, out_scale)
+            for i, c in T.Parallel(tile_rows, dim_v):
+                if real(tile, i):
+                    Opart[tile.split * RQ + qrow_s[i], c] = o[i, c]
+            for i in T.Parallel(tile_rows):
+                if real(tile, i):
+                    LSEpart[tile.split * RQ + qrow_s[i]] = lse[i]
+
+    return load_queries, store
+
+
 @tilelang.jit(target=TARGET, pass_configs=DECODE_PASS_CONFIGS)
 def decode_kernel(
     dim: int,
@@ -88,15 +218,10 @@ def decode_kernel(
     block_n: int = 128,
     num_stages: int = 2,
     threads: int = 128,
-    cache_dtype: str | None = None,
 ):
-    """Build the split-KV decode PrimFunc (``num_stages``: 2, the row lookup and copy one step
-    ahead of the compute; kept as a parameter for the cache key and the tile sweeps).
-
-    ``cache_dtype``: None (the cache is in ``dtype``) or ``"float8_e4m3fn"``, an FP8 cache read
-    as FP8 (half the bytes: the whole point, decode being bandwidth-bound) and widened in shared
-    memory to ``dtype`` for the bf16/fp16 WGMMAs (every e4m3 value is exact in bf16 and fp16);
-    the per-(entry, kv head) descales fold into the score scale (K) and the output (V).
+    """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
+    lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
+    the tile sweeps).  An FP8 cache takes ``decode_ws.decode_ws_kernel``, same arguments.
 
     Kernel arguments: Q (RQ, dim), the (B, Sq, H, dim) queries as rows ``(b * Sq + t) * H + h``
     (RQ = B x Sq x H); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as rows (NR = pages x
@@ -104,7 +229,8 @@ def decode_kernel(
     each entry *after* the append; Leftpad (B,) int32 first visible key; O (RQ, dim_v) rows like
     Q and LSE (RQ,) fp32, the (B, H, Sq) lse flat (both written only when ``num_splits == 1``);
     Opart (P, dim_v) and LSEpart (P,) fp32 partials, row ``split * RQ + (b * Sq + t) * H + h``
-    (written only when ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); scalars ``score_scale``,
+    (written only when ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); KDescale /
+    VDescale (B, Hkv) fp32 (read by the FP8 schedule only); scalars ``score_scale``,
     ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``,
     ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two; 31 for a
     contiguous cache, whose visible keys all sit on page 0), ``Sq`` query tokens per entry.
@@ -113,9 +239,7 @@ def decode_kernel(
     acc = T.float32
     block_m = BLOCK_M
     kv_width = max(dim, dim_v)
-    fp8 = cache_dtype is not None and cache_dtype != dtype
-    cdt = cache_dtype if fp8 else dtype
-    vec = 16 if fp8 else 8  # cache elements per 16-byte copy
+    vec = 8  # cache elements per 16-byte copy
     # The K/V copy loop's thread map: each thread copies ``vec`` consecutive features (16 bytes)
     # of a key row per step.  Without it, layout inference for a loop writing both K and V
     # tiles (two different swizzles) settles on 4-byte copies.
@@ -127,26 +251,15 @@ def decode_kernel(
         ),
     )
     neg_inf = -T.infinity(acc)
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+    update, _ = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+    load_queries, store = split_tile_io(dim, dim_v, dtype, dtype, has_sinks, has_softcap, block_n)
     chunk = ROW_CHUNK_BLOCKS
-    if fp8:
-        # The FP8 tiles' widening reads the copied stage like a copy would, and left to
-        # itself the planner then emits a non-constant cp.async.wait_group that fails in
-        # codegen.  A manual two-stage schedule instead: the K/V copy one step ahead (stage 0),
-        # every other statement of the step in order (stage 1).  Statements: the copy, two
-        # widenings, the QK GEMM, the online softmax's 7 (8 with softcap), P cast, O rescale,
-        # the PV GEMM.
-        n_stmts = 1 + 2 + 1 + (8 if has_softcap else 7) + 3
-        pipeline_schedule = {"order": list(range(n_stmts)), "stage": [0] + [num_stages - 1] * (n_stmts - 1)}
-    else:
-        pipeline_schedule = {"num_stages": num_stages}
-    _, finish_partial = online_softmax(block_m, block_n, dim_v, False, has_softcap)  # sinks: combine.py
 
     @T.prim_func
     def main(
         Q: T.Tensor([RQ, dim], dtype),
-        K: T.Tensor([NR, Hkv, dim], cdt),
-        V: T.Tensor([NR, Hkv, dim_v], cdt),
+        K: T.Tensor([NR, Hkv, dim], dtype),
+        V: T.Tensor([NR, Hkv, dim_v], dtype),
         BlockTable: T.Tensor([B, MB], T.int32),
         SeqlensK: T.Tensor([B], T.int32),
         Leftpad: T.Tensor([B], T.int32),
@@ -167,20 +280,10 @@ def decode_kernel(
         Sq: T.int32,
     ):
         with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
-            group = T.alloc_var(T.int32, H // Hkv)
-            rows = T.alloc_var(T.int32, group * Sq)
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
-            # The pipelined K/V stages: the tiles themselves, or their FP8 bytes (widened into
-            # k_s / v_s each step).
-            k_in = T.alloc_shared([block_n, dim], cdt) if fp8 else k_s
-            v_in = T.alloc_shared([block_n, dim_v], cdt) if fp8 else v_s
             row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
-            # Each tile row's query token, head, and its rows in Q/O and in the (B, H, Sq) lse:
-            # divided out once here, so no copy or store below divides (TileLang widens index
-            # arithmetic to 64 bits; 64-bit divisions inlined in unrolled copy/store loops made
-            # the kernel 250 KB of SASS, whose instruction fetch dominated short caches: NOTES).
             tok_s = T.alloc_shared([block_m], T.int32)
             head_s = T.alloc_shared([block_m], T.int32)
             qrow_s = T.alloc_shared([block_m], T.int32)
@@ -196,42 +299,9 @@ def decode_kernel(
             l = T.alloc_fragment([block_m], acc)
             lse = T.alloc_fragment([block_m], acc)
 
-            # Scalars live in registers (alloc_var): opaque to the simplifier, which otherwise
-            # spends minutes proving facts about the nested min/max/div of the key range.
-            split = T.alloc_var(T.int32, bx % num_splits)
-            r0 = T.alloc_var(T.int32, (bx // num_splits) * block_m)
-            seqlen_k = T.alloc_var(T.int32, SeqlensK[b])
-            lp = T.alloc_var(T.int32, Leftpad[b])
-            off = T.alloc_var(T.int32, seqlen_k - Sq)
-            t_first = T.alloc_var(T.int32, r0 // group)
-            t_last = T.alloc_var(T.int32, (T.min(r0 + block_m, rows) - 1) // group)
-            # Keys any token of this tile can see: [k_lo, k_hi).
-            k_lo = T.alloc_var(T.int32, T.max(T.max(lp, t_first + off - left), 0))
-            k_hi = T.alloc_var(T.int32, T.min(seqlen_k, t_last + off + right + 1))
-            kb_lo = T.alloc_var(T.int32, k_lo // block_n)
-            n_blocks = T.alloc_var(T.int32, T.max(T.ceildiv(T.max(k_hi, 0), block_n) - kb_lo, 0))
-            per_split = T.alloc_var(T.int32, T.ceildiv(n_blocks, num_splits))
-            kb_first = T.alloc_var(T.int32, kb_lo + split * per_split)
-            my_blocks = T.alloc_var(T.int32, T.max(T.min(per_split, n_blocks - split * per_split), 0))
-            # The entry as masks.py sees it: Sq query tokens, keys [lp, seqlen_k).
-            mask = TileMask(Sequence(False, b, Sq, seqlen_k, key_lo=lp, off=off), left, right)
-            tile_rows = GroupRows(tok_s, head_s)
-            # An FP8 cache's K descale scales every score: folded into the scale the softmax
-            # applies (into the softcap's input scale with softcap).  Its V descale scales the
-            # output, applied before the epilogue.
-            kd = T.alloc_var(acc, KDescale[b, hk] if fp8 else 1.0)
-            sc = T.alloc_var(acc, score_scale * kd if (fp8 and not has_softcap) else score_scale)
-            cap = T.alloc_var(acc, cap_in * kd if fp8 else cap_in)
-
-            for i in T.Parallel(block_m):
-                tok_s[i] = (r0 + i) // group
-                head_s[i] = hk * group + (r0 + i) % group
-            for i in T.Parallel(block_m):
-                # Rows past the tile's real rows point at row 0; they are never stored.
-                qrow_s[i] = T.if_then_else(r0 + i < rows, (b * Sq + tok_s[i]) * H + head_s[i], 0)
-                lrow_s[i] = T.if_then_else(r0 + i < rows, (b * H + head_s[i]) * Sq + tok_s[i], 0)
-            for i, c in T.Parallel(block_m, dim):
-                q_s[i, c] = T.if_then_else(r0 + i < rows, Q[qrow_s[i], c], T.cast(0, dtype))
+            tile = SplitTile(bx // num_splits, bx % num_splits, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
+                             num_splits, block_n, KDescale, score_scale, cap_in, False, has_softcap)
+            load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
             T.clear(o)
             T.clear(l)
             T.fill(m, neg_inf)
@@ -245,64 +315,40 @@ def decode_kernel(
             # expressions TileLang inlines them into every use (5 copies, 2 of them in 64 bits).
             j = T.alloc_var(T.int32)
             pg = T.alloc_var(T.int32)
-            for ch in T.serial(T.ceildiv(my_blocks, chunk)):
+            for ch in T.serial(T.ceildiv(tile.my_blocks, chunk)):
                 # A per-thread loop, not T.Parallel: unrolled, the lookup with both page branches
                 # was a large share of the kernel's code.
                 for it in T.serial(chunk * block_n // threads):
                     # Only the rows of this CTA's blocks (a split may hold a few blocks only).
-                    if it * threads + tx < (my_blocks - ch * chunk) * block_n:
-                        j = T.min(T.max((kb_first + ch * chunk) * block_n + it * threads + tx, lp), seqlen_k - 1)  # a key of this entry, see above
-                        # A power-of-two page size (page_shift >= 0) takes a shift, not a division.
-                        pg = T.if_then_else(page_shift >= 0, T.shift_right(j, page_shift), j // page_size)
+                    if it * threads + tx < (tile.my_blocks - ch * chunk) * block_n:
+                        j = tile.key((tile.kb_first + ch * chunk) * block_n + it * threads + tx)
+                        pg = cache_page(j, page_size, page_shift)
                         row_s[it * threads + tx] = BlockTable[b, pg] * page_size + (j - pg * page_size)
-                for it in T.Pipelined(T.min(chunk, my_blocks - ch * chunk), **pipeline_schedule):
-                    n0 = (kb_first + ch * chunk + it) * block_n
+                for it in T.Pipelined(T.min(chunk, tile.my_blocks - ch * chunk), num_stages=num_stages):
+                    n0 = (tile.kb_first + ch * chunk + it) * block_n
                     # K and V rows in one loop: one cp.async group per step (two groups trip a
                     # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
                     for i, c in T.Parallel(block_n, kv_width, loop_layout=kv_layout):
                         row = row_s[it * block_n + i]
                         if dim >= dim_v:
-                            k_in[i, c] = K[row, hk, c]
+                            k_s[i, c] = K[row, hk, c]
                             if dim_v == dim or c < dim_v:
-                                v_in[i, c] = V[row, hk, c]
+                                v_s[i, c] = V[row, hk, c]
                         else:
-                            v_in[i, c] = V[row, hk, c]
+                            v_s[i, c] = V[row, hk, c]
                             if c < dim:
-                                k_in[i, c] = K[row, hk, c]
-                    if fp8:  # widen the FP8 tiles for the WGMMAs (exact; the manual schedule above)
-                        for i, c in T.Parallel(block_n, dim):
-                            k_s[i, c] = T.cast(k_in[i, c], dtype)
-                        for i, c in T.Parallel(block_n, dim_v):
-                            v_s[i, c] = T.cast(v_in[i, c], dtype)
+                                k_s[i, c] = K[row, hk, c]
                     T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                     # softmax.py's online softmax; masks.py's rule per query token (row // group).
-                    update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, t_first, t_last, mask, sc, cap, tile_rows)
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, tile.t_first, tile.t_last, tile.mask, tile.sc,
+                           tile.cap, GroupRows(tok_s, head_s))
                     T.copy(s, p)
                     for i, c in T.Parallel(block_m, dim_v):
                         o[i, c] *= alpha[i]
                     T.gemm(p, v_s, o, policy=FULL_ROW)
 
-            # Epilogue (softmax.py's): O normalised, lse in natural log; the sink folded in
-            # here with one split, by the combine kernel otherwise.
-            if fp8:
-                for i, c in T.Parallel(block_m, dim_v):
-                    o[i, c] *= VDescale[b, hk]
-            if num_splits == 1:
-                finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(tok_s, head_s, Sinks), sc)
-                for i, c in T.Parallel(block_m, dim_v):
-                    if r0 + i < rows:
-                        O[qrow_s[i], c] = T.cast(o[i, c], dtype)
-                for i in T.Parallel(block_m):
-                    if r0 + i < rows:
-                        LSE[lrow_s[i]] = lse[i]
-            else:
-                finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, sc)
-                for i, c in T.Parallel(block_m, dim_v):
-                    if r0 + i < rows:
-                        Opart[split * RQ + qrow_s[i], c] = o[i, c]
-                for i in T.Parallel(block_m):
-                    if r0 + i < rows:
-                        LSEpart[split * RQ + qrow_s[i]] = lse[i]
+            store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
+                  RQ, num_splits, None)
 
     return main
 
@@ -359,18 +405,42 @@ def choose_splits(ctas: int, n_blocks: int, slots: int) -> int:
 SMEM_PER_SM = 228 * 1024  # Hopper: shared memory per SM (a CTA may take 227 KB of it)
 
 
-def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int, cache_itemsize: int | None = None) -> int:
-    """Decode CTAs resident on one SM at once, bounded by shared memory: the Q tile, the K/V
-    stages (in the cache's element size; an FP8 cache adds one widened K/V tile) and the row
-    table, plus the 1 KB the driver reserves per CTA.  (Registers allow two 128-thread CTAs
-    at every tile here.)  128-key blocks at d = 128: 160 KB, one CTA; 64-key blocks: 88 KB
-    (bf16 or FP8 cache), two."""
-    cache_itemsize = cache_itemsize or itemsize
-    smem = BLOCK_M * dim * itemsize + cfg["num_stages"] * cfg["block_n"] * (dim + dim_v) * cache_itemsize
-    if cache_itemsize != itemsize:
-        smem += cfg["block_n"] * (dim + dim_v) * itemsize
+def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
+    """``decode_kernel`` CTAs resident on one SM at once, bounded by shared memory: the Q tile,
+    the K/V stages and the row table, plus the 1 KB the driver reserves per CTA.  (Registers
+    allow two 128-thread CTAs at every tile here.)  128-key blocks at d = 128: 160 KB, one CTA;
+    64-key blocks: 88 KB, two.  (The FP8 schedule, ``decode_ws``, runs one CTA per SM.)"""
+    smem = BLOCK_M * dim * itemsize + cfg["num_stages"] * cfg["block_n"] * (dim + dim_v) * itemsize
     smem += ROW_CHUNK_BLOCKS * cfg["block_n"] * 4 + 1024
     return max(1, min(2, SMEM_PER_SM // smem))
+
+
+# Developer A/B switch (FLASHTILE_DECODE_WS16=1): 16-bit caches through decode_ws's schedule too.
+WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
+
+
+class Schedule(NamedTuple):
+    """How one cache is decoded: the kernel builder and its tiles, CTAs resident per SM, and
+    splits per CTA (``decode_ws`` runs two, one per consumer warpgroup)."""
+
+    kernel: object
+    cfg: dict
+    ctas_per_sm: int
+    splits_per_cta: int
+
+
+def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None) -> Schedule:
+    """``decode_kernel`` for a cache in q's dtype; ``decode_ws.decode_ws_kernel``
+    (warp-specialised: a producer and two consumer warpgroups, one CTA per SM) for an FP8
+    cache.  Both take the same kernel arguments."""
+    if cache_dtype in (None, dtype) and not WS_16BIT:
+        cfg = decode_config(dim, dim_v)
+        return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1)
+    from .decode_ws import CONSUMERS, decode_ws_kernel, ws_config
+
+    cache_dtype = cache_dtype or dtype
+    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2), "cache_dtype": cache_dtype}
+    return Schedule(decode_ws_kernel, cfg, 1, CONSUMERS)
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
@@ -379,13 +449,25 @@ def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
     ``"float8_e4m3fn"`` for an FP8 cache)."""
     from . import cache
 
-    extra = {} if cache_dtype in (None, dtype) else {"cache_dtype": cache_dtype}
-    decode = cache.get(decode_kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
-                       has_softcap=has_softcap, **decode_config(dim, dim_v), **extra)
+    sched = decode_schedule(dim, dim_v, dtype, cache_dtype)
+    decode = cache.get(sched.kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
+                       has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
 
     combine = cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks)
     return decode, combine
+
+
+def split_count(requested: int, ctas: int, n_blocks: int, sms: int, sched: Schedule, partial_rows: int) -> int:
+    """Splits of each row tile's keys: ``requested`` if > 0, else ``choose_splits`` for the
+    GPU's ``sms`` (``ctas`` CTAs without splitting, ``n_blocks`` key blocks at most); at most
+    ``MAX_SPLITS`` and what keeps the partials' ``splits x partial_rows`` elements indexable in
+    32 bits; a multiple of the schedule's splits per CTA."""
+    per = sched.splits_per_cta
+    if requested <= 0:  # CTAs to fill the GPU, each running ``per`` splits of >= 2 blocks
+        requested = per * choose_splits(ctas, n_blocks // per, sms * sched.ctas_per_sm)
+    n = max(1, min(requested, MAX_SPLITS, (2**31 - 1) // partial_rows))
+    return max(per, n - n % per)
 
 
 def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
@@ -416,17 +498,15 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         table = block_table
     table = table.contiguous()
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
-    cfg = decode_config(d, dv)
     fp8 = k_cache.dtype != q.dtype
-    decode, combine = get_decode_kernels(d, dv, str(q.dtype).removeprefix("torch."), sinks is not None, softcap > 0,
-                                         str(k_cache.dtype).removeprefix("torch.") if fp8 else None)
-    if num_splits <= 0:
-        capacity = k_cache.shape[1] * table.shape[1]
-        row_tiles = -(-(h // hkv) * sq // BLOCK_M)
-        slots = target.sm_count(dev) * ctas_per_sm(cfg, d, dv, q.element_size(), k_cache.element_size())
-        num_splits = choose_splits(b * hkv * row_tiles, -(-capacity // cfg["block_n"]), slots)
+    dtype, cache_dtype = str(q.dtype).removeprefix("torch."), str(k_cache.dtype).removeprefix("torch.")
+    sched = decode_schedule(d, dv, dtype, cache_dtype)
+    decode, combine = get_decode_kernels(d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
+    capacity = k_cache.shape[1] * table.shape[1]
+    row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.
-    num_splits = max(1, min(num_splits, MAX_SPLITS, (2**31 - 1) // (b * sq * h * dv)))
+    num_splits = split_count(num_splits, b * hkv * row_tiles, -(-capacity // sched.cfg["block_n"]), target.sm_count(dev),
+                             sched, b * sq * h * dv)
     sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, dev)
     if softcap > 0:
         score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap
@@ -504,6 +584,8 @@ def unsupported_reason(q, k_cache, v_cache):
         return "non-contiguous k_cache / v_cache"
     if k_cache.shape[0] * k_cache.shape[1] >= 2**31:
         return "a cache of 2^31 or more token rows (32-bit row indices)"
-    if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) >= 2**31:
-        return "q / out with 2^31 or more elements (32-bit indices; split the batch)"
+    # An FP8 cache always writes two splits' fp32 partials (decode_ws), indexed in 32 bits.
+    limit = 2**30 if k_cache.dtype != q.dtype else 2**31
+    if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) >= limit:
+        return f"q / out with 2^{limit.bit_length() - 1} or more elements (32-bit indices; split the batch)"
     return None

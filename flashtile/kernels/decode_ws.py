@@ -1,0 +1,261 @@
+"""Split-KV decode over an FP8 (float8_e4m3fn) KV cache, warp-specialised (Hopper).
+
+An FP8 cache halves the bytes a decode step reads, so the step should take half the time of
+a bf16 cache's.  It did not in ``decode.py``'s one-warpgroup schedule (0.96-0.98x the bf16
+cache's time: NOTES, 2026-11-23 third session): widening the FP8 tiles for the 16-bit WGMMAs
+sat on the same warps as the softmax, with two cp.async stages (16 KB) in flight per CTA.
+Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
+
+- a producer warpgroup streams key blocks of FP8 K and V rows from HBM into a ring of raw
+  stages by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
+  through the block table, so any page size works, as in ``decode.py``), ``num_stages - 1``
+  blocks ahead; it widens each landed block into one of ``wide_tiles`` fp16 tiles (``cvt`` of
+  e4m3 pairs; exact) and hands it over through a full/empty mbarrier pair;
+- two consumer warpgroups run the GEMMs (Q K^T, P V in fp16, fp32 accumulation) and the online
+  softmax, as ``decode.py`` does, each for its own split of the key range: the CTA runs splits
+  ``2c`` and ``2c + 1`` and the producer interleaves their blocks, so one consumer's softmax
+  runs under the other's GEMMs.  (With one consumer the kernel reached 1.21-1.27x the bf16
+  cache's speed, 61% of the bandwidth: the consumer's step -- two synchronous WGMMAs on a
+  64-row tile and the softmax -- set the pace, not the loads.)  Both write fp32 partials, which
+  ``combine.py`` merges, so an FP8 cache always runs an even number of splits.
+
+The WGMMA operands are fp16 whatever q's dtype: every e4m3 value is exact in fp16 and the
+conversion is one instruction per pair (to bf16 it is three), so q is converted to fp16 in the
+kernel (exact for bf16 queries of magnitude 6.1e-5 .. 65504; smaller ones lose low bits as
+fp16 subnormals, larger ones overflow) and P is rounded to fp16 (3 more mantissa bits than
+bf16).  Output and lse are as ``decode.py``'s (same kernel arguments, same combine kernel).
+
+A 16-bit cache can take the same schedule (``cache_dtype == dtype``: no widening, the
+consumers read the ring; ``decode.WS_16BIT``, a developer switch: it measured slower than
+``decode.py`` with one consumer).
+
+Shared memory at d = 128, 64-key blocks: Q tile twice (32 KB) + 3 raw stages (48 KB) + four fp16
+K/V tiles (128 KB) = 208 KB, one CTA (384 threads) per SM.
+"""
+
+import tilelang
+import tilelang.language as T
+
+from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, split_tile_io
+from .softmax import online_softmax
+from .target import TARGET, WS_PASS_CONFIGS
+
+FULL_ROW = T.GemmWarpPolicy.FullRow
+WIDE = "float16"  # the WGMMAs' operand type over an FP8 cache (see the module docstring)
+PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own use low ids)
+COPY_BYTES = 16  # one cp.async
+CONSUMERS = 2  # consumer warpgroups, one split each
+SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on Hopper
+# Registers per thread (setmaxnreg): the producer copies, converts and computes addresses; the
+# consumers hold S, P and O (167 registers measured with one consumer).  64 x 128 + 208 x 256
+# stays within the 64K-entry register file.
+PRODUCER_REGS, CONSUMER_REGS = 64, 208
+
+
+def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
+    """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
+    a block's FP8 K+V is 16 KB at d = dim_v); as many ring stages (up to 4) and widened tiles
+    (4, else 2) as fit in shared memory."""
+    width = max(dim, dim_v)
+    block_n = 128 if width <= 64 else 64 if width <= 128 else 32
+    for wide_tiles in (4, 2):
+        for num_stages in (4, 3):
+            if smem_bytes(dim, dim_v, block_n, num_stages, wide_tiles, cache_itemsize) <= SMEM_LIMIT - 2048:
+                return {"block_n": block_n, "num_stages": num_stages, "wide_tiles": wide_tiles}
+    raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
+
+
+def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, wide_tiles: int, cache_itemsize: int = 1) -> int:
+    """Shared memory of one CTA: the 16-bit Q tile (twice: one per consumer), the ring of K/V
+    stages in the cache's element size, the widened fp16 K/V tiles when the cache is FP8, row
+    tables."""
+    widened = wide_tiles * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
+    return (CONSUMERS * BLOCK_M * dim * 2 + num_stages * block_n * (dim + dim_v) * cache_itemsize + widened
+            + 4 * CONSUMERS * BLOCK_M * 4)
+
+
+@tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
+def decode_ws_kernel(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_sinks: bool,
+    has_softcap: bool,
+    block_n: int = 64,
+    num_stages: int = 4,
+    wide_tiles: int = 4,
+    cache_dtype: str = "float8_e4m3fn",
+):
+    """Build the PrimFunc: arguments as ``decode.decode_kernel``'s, with K and V in
+    ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
+    even: CTA ``bx`` of a (row tile, kv head, entry) runs splits ``2c`` and ``2c + 1``
+    (``c = bx % (num_splits / 2)``) on its two consumer warpgroups, which share the producer, the
+    Q rows and the block stream (the producer interleaves their blocks), and write partials
+    that ``combine.py`` merges.
+
+    ``cache_dtype == dtype`` (a 16-bit cache) is the same schedule without the widening: the
+    consumers read the ring's stages themselves, each stage's full barrier completed by the
+    producer threads' ``cp.async.mbarrier.arrive`` (no wait in the producer at all).  Needs head
+    dims whose rows are whole 16-byte copies."""
+    widen = cache_dtype != dtype
+    item = 1 if widen else 2  # bytes per cache element
+    per_copy = COPY_BYTES // item  # elements per 16-byte copy
+    assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
+    B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
+    acc = T.float32
+    rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
+    consumer_threads = CONSUMERS * 128
+    wide = WIDE if widen else dtype  # the WGMMAs' operand type
+    n_tiles = wide_tiles if widen else num_stages  # the tiles the consumers read
+    per_row = 128 // block_n  # producer threads per key row
+    k_copies, v_copies = dim // per_copy, dim_v // per_copy  # 16-byte copies per row
+    neg_inf = -T.infinity(acc)
+    update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
+    load_queries, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
+
+    def stream_block(u, n1, kb_first0, per_split):
+        """Key block of the producer's ``u``-th block: the two splits' blocks alternate (split
+        2c's first) while both have some; split 2c's remaining blocks follow."""
+        both = u < 2 * n1
+        return kb_first0 + T.if_then_else(both, (u % 2) * per_split + u // 2, n1 + (u - 2 * n1))
+
+    def stream_index(i, wg, n1):
+        """Position in the producer's stream of warpgroup ``wg``'s ``i``-th block."""
+        return T.if_then_else(i < n1, 2 * i + wg, 2 * n1 + (i - n1))
+
+    @T.macro
+    def issue(K, V, k_ring, v_ring, BlockTable, tile, u, total, kb, row_in_block, sub, page_size, page_shift):
+        """This thread's cp.async copies of key block ``kb`` (the stream's ``u``-th) into ring
+        stage ``u % num_stages`` (nothing past the stream's ``total`` blocks)."""
+        if u < total:
+            j = T.alloc_var(T.int32, init=tile.key(kb * block_n + row_in_block))
+            pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
+            row = T.alloc_var(T.int32, init=BlockTable[tile.b, pg] * page_size + (j - pg * page_size))
+            slot = u % num_stages
+            for c in T.serial(T.ceildiv(k_copies, per_row)):
+                if k_copies % per_row == 0 or sub + c * per_row < k_copies:
+                    col = (sub + c * per_row) * per_copy
+                    T.ptx_cp_async(T.access_ptr(k_ring[slot, row_in_block, col], "w", per_copy),
+                                   T.access_ptr(K[row, tile.hk, col], "r", per_copy), per_copy)
+            for c in T.serial(T.ceildiv(v_copies, per_row)):
+                if v_copies % per_row == 0 or sub + c * per_row < v_copies:
+                    col = (sub + c * per_row) * per_copy
+                    T.ptx_cp_async(T.access_ptr(v_ring[slot, row_in_block, col], "w", per_copy),
+                                   T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([RQ, dim], dtype),
+        K: T.Tensor([NR, Hkv, dim], cache_dtype),
+        V: T.Tensor([NR, Hkv, dim_v], cache_dtype),
+        BlockTable: T.Tensor([B, MB], T.int32),
+        SeqlensK: T.Tensor([B], T.int32),
+        Leftpad: T.Tensor([B], T.int32),
+        O: T.Tensor([RQ, dim_v], dtype),
+        LSE: T.Tensor([RQ], acc),
+        Opart: T.Tensor([P, dim_v], acc),
+        LSEpart: T.Tensor([P], acc),
+        Sinks: T.Tensor([H], acc),
+        KDescale: T.Tensor([B, Hkv], acc),
+        VDescale: T.Tensor([B, Hkv], acc),
+        score_scale: T.float32,
+        cap_in: T.float32,
+        left: T.int32,
+        right: T.int32,
+        num_splits: T.int32,
+        page_size: T.int32,
+        page_shift: T.int32,
+        Sq: T.int32,
+    ):
+        pairs = num_splits // 2
+        with T.Kernel(pairs * T.ceildiv((H // Hkv) * Sq, BLOCK_M), Hkv, B, threads=consumer_threads + 128) as (bx, hk, b):
+            q_s = T.alloc_shared([rows, dim], wide)
+            k_ring = T.alloc_shared([num_stages, block_n, dim], cache_dtype)
+            v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
+            # The consumers' K/V tiles: widened fp16 tiles, or the ring itself.
+            k_s = T.alloc_shared([wide_tiles, block_n, dim], WIDE) if widen else k_ring
+            v_s = T.alloc_shared([wide_tiles, block_n, dim_v], WIDE) if widen else v_ring
+            tok_s = T.alloc_shared([rows], T.int32)
+            head_s = T.alloc_shared([rows], T.int32)
+            qrow_s = T.alloc_shared([rows], T.int32)
+            lrow_s = T.alloc_shared([rows], T.int32)
+            s = T.alloc_fragment([rows, block_n], acc)
+            p = T.alloc_fragment([rows, block_n], wide)
+            o = T.alloc_fragment([rows, dim_v], acc)
+            m = T.alloc_fragment([rows], acc)
+            m_prev = T.alloc_fragment([rows], acc)
+            m_safe = T.alloc_fragment([rows], acc)
+            alpha = T.alloc_fragment([rows], acc)
+            row_sum = T.alloc_fragment([rows], acc)
+            l = T.alloc_fragment([rows], acc)
+            lse = T.alloc_fragment([rows], acc)
+            # Consumer tile u % n_tiles of the stream's u-th block: full when the producer has
+            # filled it (128 arrivals), empty when its consumer's GEMMs have read it (128).
+            full = T.alloc_barrier(arrive_count=[128] * n_tiles)
+            empty = T.alloc_barrier(arrive_count=[128] * n_tiles)
+
+            tx = T.get_thread_binding()
+            wg = T.alloc_var(T.int32, init=T.min(tx // 128, CONSUMERS))  # 2: the producer
+            # This warpgroup's split (the producer's registers describe split 2c).
+            tile = SplitTile(bx // pairs, 2 * (bx % pairs) + wg % 2, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
+                             num_splits, block_n, KDescale, score_scale, cap_in, widen, has_softcap)
+            # Blocks of split 2c + 1, which the stream interleaves with split 2c's.
+            n1 = T.alloc_var(T.int32, init=tile.blocks(2 * (bx % pairs) + 1)[1])
+            load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
+            T.sync_threads()  # q_s and the row tables, for every thread (no sync pass here)
+            if tx >= consumer_threads:  # producer (a condition on the thread index: TileLang lays the fragments out over the consumers)
+                T.set_max_nreg(PRODUCER_REGS, 0)
+                pt = tx - consumer_threads
+                row_in_block = pt // per_row
+                sub = pt % per_row
+                total = tile.my_blocks + n1
+                if widen:
+                    for u in T.serial(num_stages - 1):
+                        issue(K, V, k_ring, v_ring, BlockTable, tile, u, total, stream_block(u, n1, tile.kb_first, tile.per_split),
+                              row_in_block, sub, page_size, page_shift)
+                        T.ptx_commit_group()  # (empty past the last block: group counts stay in step)
+                    for u in T.serial(total):
+                        # This thread's copies of block u have landed; after the barrier, every
+                        # thread's have, and every thread is done widening block u - 1 out of
+                        # the stage that the next issue reuses.
+                        T.ptx_wait_group(num_stages - 2)
+                        T.sync_threads(PRODUCER_SYNC, 128)
+                        nxt = u + num_stages - 1
+                        issue(K, V, k_ring, v_ring, BlockTable, tile, nxt, total, stream_block(nxt, n1, tile.kb_first, tile.per_split),
+                              row_in_block, sub, page_size, page_shift)
+                        T.ptx_commit_group()
+                        T.barrier_wait(empty[u % n_tiles], ((u // n_tiles) & 1) ^ 1)  # a fresh barrier passes parity 1
+                        for i, c in T.Parallel(block_n, dim):
+                            k_s[u % n_tiles, i, c] = T.cast(k_ring[u % num_stages, i, c], WIDE)
+                        for i, c in T.Parallel(block_n, dim_v):
+                            v_s[u % n_tiles, i, c] = T.cast(v_ring[u % num_stages, i, c], WIDE)
+                        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+                        T.barrier_arrive(full[u % n_tiles])
+                else:
+                    for u in T.serial(total):
+                        T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)
+                        issue(K, V, k_ring, v_ring, BlockTable, tile, u, total, stream_block(u, n1, tile.kb_first, tile.per_split),
+                              row_in_block, sub, page_size, page_shift)
+                        T.cp_async_barrier_noinc(full[u % num_stages])  # arrives once this thread's copies land
+            else:  # consumer warpgroups: split 2c + wg each
+                T.set_max_nreg(CONSUMER_REGS, 1)
+                T.clear(o)
+                T.clear(l)
+                T.fill(m, neg_inf)
+                for i in T.serial(tile.my_blocks):
+                    u = stream_index(i, wg, n1)
+                    T.barrier_wait(full[u % n_tiles], (u // n_tiles) & 1)
+                    if not widen:
+                        T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
+                    T.gemm(q_s, k_s[u % n_tiles, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
+                           tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
+                    T.copy(s, p)
+                    for r, c in T.Parallel(rows, dim_v):
+                        o[r, c] *= alpha[r]
+                    T.gemm(p, v_s[u % n_tiles, :, :], o, policy=FULL_ROW)
+                    T.barrier_arrive(empty[u % n_tiles])
+                store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
+                      lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
+
+    return main
