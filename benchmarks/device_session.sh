@@ -5,7 +5,8 @@
 #
 #   bash .carry/install.sh && export PYTHONPATH=/tmp/site:$PWD && bash benchmarks/device_session.sh
 #
-# Phase budgets (seconds) can be overridden: PRECOMPILE_S, TESTS_S, BENCH_S.  Carry the kernel
+# Phase budgets (seconds) can be overridden: PRECOMPILE_S, TESTS_S, BENCH_S (VARLEN_BENCH_S and
+# DECODE_BENCH_S add those benchmarks).  Carry the kernel
 # cache built here (benchmarks/kernel_cache.sh fill; pack) and the precompile phase is seconds.  BENCH_FLAGS
 # replaces the short bench grid; BENCH_FLAGS=" " runs `flashtile bench`'s full default grid.
 set -uo pipefail
@@ -42,6 +43,15 @@ if [ "${VARLEN_BENCH_S:-0}" != 0 ]; then
     --markdown "$out/varlen.md" > "$out/varlen.log" 2>&1
   echo "varlen bench: $(( $(date +%s) - t0 ))s rc=$?" | tee -a "$out/summary.txt"
   tail -n 60 "$out/varlen.log"
+fi
+# KV-cache decode (bf16 and FP8 caches) against cuDNN / flash SDPA / FlexAttention, % of the
+# read bandwidth measured in the same run; DECODE_FLAGS e.g. --quick.
+if [ "${DECODE_BENCH_S:-0}" != 0 ]; then
+  t0=$(date +%s)
+  timeout "$DECODE_BENCH_S" python3 benchmarks/decode_bench.py --fp8 ${DECODE_FLAGS:-} --out "$out/decode" \
+    > "$out/decode_bench.log" 2>&1
+  echo "decode bench: $(( $(date +%s) - t0 ))s rc=$?" | tee -a "$out/summary.txt"
+  cut -c1-150 "$out/decode_bench.log" | tail -n 60
 fi
 grep -E "FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | tail -n 15
 tail -n 40 "$out/bench.log"

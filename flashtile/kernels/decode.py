@@ -417,6 +417,7 @@ def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
 
 # Developer A/B switch (FLASHTILE_DECODE_WS16=1): 16-bit caches through decode_ws's schedule too.
 WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
+WS_OVERRIDE: dict | None = None  # decode_ws tile parameters forced (benchmarks/decode_ws_sweep.py)
 
 
 class Schedule(NamedTuple):
@@ -439,7 +440,7 @@ def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = 
     from .decode_ws import CONSUMERS, decode_ws_kernel, ws_config
 
     cache_dtype = cache_dtype or dtype
-    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2), "cache_dtype": cache_dtype}
+    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2), "cache_dtype": cache_dtype, **(WS_OVERRIDE or {})}
     return Schedule(decode_ws_kernel, cfg, 1, CONSUMERS)
 
 
