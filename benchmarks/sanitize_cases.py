@@ -84,6 +84,10 @@ CASES = [
     Case("kvcache d128 gqa4 paged1", d=128, h=8, hkv=2, causal=True, kind="kvcache"),
     Case("kvcache d64 sinks window", d=64, h=4, hkv=4, window=(8, 0), sinks=True, kind="kvcache"),
     Case("kvcache d128 gqa4 paged1 fp8-cache", d=128, h=8, hkv=2, causal=True, kind="kvcache", fp8_cache=True),
+    # the FP8-cache kernel (decode_ws): producer rows of 4 threads, sinks + softcap in fp16; MHA window
+    Case("kvcache d192/128 mqa sinks softcap fp16 fp8-cache", d=192, dv=128, h=4, hkv=1, sinks=True, softcap=20.0,
+         dtype=torch.float16, kind="kvcache", fp8_cache=True),
+    Case("kvcache d64 mha window fp8-cache", d=64, h=4, hkv=4, window=(8, 0), kind="kvcache", fp8_cache=True),
     Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),
     Case("fp8 d128 gqa2 causal sinks", d=128, h=4, hkv=2, causal=True, sinks=True, kind="fp8"),
     Case("fp8 d256 window softcap", d=256, h=2, hkv=2, window=(16, 0), softcap=20.0, kind="fp8"),
@@ -358,7 +362,8 @@ def structures(cases):
     for c in cases:
         dt = str(c.dtype).removeprefix("torch.")
         if c.kind == "kvcache":
-            s = ("decode", dict(dim=c.d, dim_v=c.d_v, dtype=dt, has_sinks=c.sinks, has_softcap=c.softcap > 0))
+            s = ("decode", dict(dim=c.d, dim_v=c.d_v, dtype=dt, has_sinks=c.sinks, has_softcap=c.softcap > 0,
+                                **({"cache_dtype": "float8_e4m3fn"} if c.fp8_cache else {})))
             if s not in seen:
                 seen.append(s)
             continue
