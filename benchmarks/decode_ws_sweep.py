@@ -1,6 +1,6 @@
 """A/B of decode_ws tile parameters on an FP8 cache, one process (developer tool).
 
-    python3 benchmarks/decode_ws_sweep.py --variants "by_row=1,num_stages=3,wide_tiles=4" "num_stages=7,wide_tiles=2"
+    python3 benchmarks/decode_ws_sweep.py --variants by_row=1 by_row=1,self_widen=1 by_row=1,ring_rotate=1
 
 Each variant (``decode.WS_OVERRIDE``) times flash_attn_with_kvcache graph-replayed on the cases
 of flashtile/bench_decode.py (bf16 q, 32/8 heads, d = 128, an FP8 copy of the cache), checks the
@@ -19,7 +19,7 @@ def parse(v: str) -> dict:
     out = {}
     for kv in v.split(","):
         k, x = kv.split("=")
-        out[k] = bool(int(x)) if k == "by_row" else int(x)
+        out[k] = bool(int(x)) if k in ("by_row", "self_widen", "ring_rotate") else int(x)
     return out
 
 

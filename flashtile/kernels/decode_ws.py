@@ -94,6 +94,8 @@ def decode_ws_kernel(
     wide_tiles: int = 4,
     cache_dtype: str = "float8_e4m3fn",
     by_row: bool = False,
+    self_widen: bool = False,
+    ring_rotate: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_kernel``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -101,6 +103,11 @@ def decode_ws_kernel(
     (``c = bx % (num_splits / 2)``) on its two consumer warpgroups, which share the producer, the
     Q rows and the block stream (the producer interleaves their blocks), and write partials
     that ``combine.py`` merges.
+
+    Not yet measured (for ``benchmarks/decode_ws_sweep.py``; the defaults' generated CUDA does
+    not change with them): ``self_widen``, each producer thread widens the pieces it copied
+    itself (no producer barrier per block), and ``ring_rotate``, the raw ring's 16-byte pieces
+    rotated by row so that by-row copies and reads do not all hit the same banks.
 
     ``cache_dtype == dtype`` (a 16-bit cache) is the same schedule without the widening: the
     consumers read the ring's stages themselves, each stage's full barrier completed by the
@@ -110,6 +117,7 @@ def decode_ws_kernel(
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
+    assert by_row or not self_widen, "self_widen widens the pieces that by_row copies"
     B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
@@ -178,6 +186,24 @@ def decode_ws_kernel(
                                    T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
+    def widen_own(k_s, v_s, k_ring, v_ring, u, pt):
+        """``self_widen``: this thread widens exactly the pieces it copied (``issue_by_row``'s
+        mapping), so its own ``cp.async.wait_group`` is the only wait: no producer barrier, and
+        the stage it refills next holds only its own bytes."""
+        r = pt // per_row
+        sub = pt % per_row
+        for c in T.serial(T.ceildiv(k_copies, per_row)):
+            if k_copies % per_row == 0 or sub + c * per_row < k_copies:
+                col = (sub + c * per_row) * per_copy
+                for e in T.vectorized(per_copy):
+                    k_s[u % n_tiles, r, col + e] = T.cast(k_ring[u % num_stages, r, col + e], WIDE)
+        for c in T.serial(T.ceildiv(v_copies, per_row)):
+            if v_copies % per_row == 0 or sub + c * per_row < v_copies:
+                col = (sub + c * per_row) * per_copy
+                for e in T.vectorized(per_copy):
+                    v_s[u % n_tiles, r, col + e] = T.cast(v_ring[u % num_stages, r, col + e], WIDE)
+
+    @T.macro
     def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift):
         """The stream's ``u``-th block: ``by_row``, each thread looks up one key row and copies
         its share; else the block's rows are looked up into ``rows_s``, then (one producer barrier
@@ -243,6 +269,11 @@ def decode_ws_kernel(
             full = T.alloc_barrier(arrive_count=[128] * n_tiles)
             empty = T.alloc_barrier(arrive_count=[128] * n_tiles)
 
+            if ring_rotate:  # row i's 16-byte pieces rotated by i: by-row copies spread over the banks
+                T.annotate_layout({
+                    ring: T.Layout(ring.shape, lambda st, i, c, w=ring.shape[2]: [st, i, (c // per_copy + i) % (w // per_copy) * per_copy + c % per_copy])
+                    for ring in (k_ring, v_ring)
+                })
             tx = T.get_thread_binding()
             wg = T.alloc_var(T.int32, init=T.min(tx // 128, CONSUMERS))  # 2: the producer
             # This warpgroup's split (the producer's registers describe split 2c).
@@ -266,15 +297,18 @@ def decode_ws_kernel(
                         # every thread's have, and every thread is done widening block u - 1 out
                         # of the stage that the next copies reuse (and reading rows_s of u - 1).
                         T.ptx_wait_group(num_stages - 2)
-                        if by_row:  # (coalesced copies: fetch's own barrier, after its row lookup)
+                        if by_row and not self_widen:  # (coalesced copies: fetch's own barrier, after its row lookup)
                             T.sync_threads(PRODUCER_SYNC, 128)
                         fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u + num_stages - 1, total, n1, pt, page_size, page_shift)
                         T.ptx_commit_group()
                         T.barrier_wait(empty[u % n_tiles], ((u // n_tiles) & 1) ^ 1)  # a fresh barrier passes parity 1
-                        for i, c in T.Parallel(block_n, dim):
-                            k_s[u % n_tiles, i, c] = T.cast(k_ring[u % num_stages, i, c], WIDE)
-                        for i, c in T.Parallel(block_n, dim_v):
-                            v_s[u % n_tiles, i, c] = T.cast(v_ring[u % num_stages, i, c], WIDE)
+                        if self_widen:
+                            widen_own(k_s, v_s, k_ring, v_ring, u, pt)
+                        else:
+                            for i, c in T.Parallel(block_n, dim):
+                                k_s[u % n_tiles, i, c] = T.cast(k_ring[u % num_stages, i, c], WIDE)
+                            for i, c in T.Parallel(block_n, dim_v):
+                                v_s[u % n_tiles, i, c] = T.cast(v_ring[u % num_stages, i, c], WIDE)
                         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
                         T.barrier_arrive(full[u % n_tiles])
                 else:
