@@ -118,6 +118,7 @@ def decode_ws_kernel(
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
     assert by_row or not self_widen, "self_widen widens the pieces that by_row copies"
+    assert widen or not ring_rotate, "a 16-bit ring is the WGMMA operand: its layout is the GEMM's"
     B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
@@ -282,6 +283,7 @@ def decode_ws_kernel(
             # Blocks of split 2c + 1, which the stream interleaves with split 2c's.
             n1 = T.alloc_var(T.int32, init=tile.blocks(2 * (bx % pairs) + 1)[1])
             load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
+            T.fence_proxy_async()  # every writer of q_s, before the barrier: the WGMMAs read it (async proxy)
             T.sync_threads()  # q_s and the row tables, for every thread (no sync pass here)
             if tx >= consumer_threads:  # producer (a condition on the thread index: TileLang lays the fragments out over the consumers)
                 T.set_max_nreg(PRODUCER_REGS, 0)
