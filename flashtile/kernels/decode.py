@@ -56,7 +56,7 @@ import tilelang.language as T
 
 from .masks import TileMask, host_window
 from .seqinfo import Sequence
-from .softmax import LOG2E, online_softmax
+from .softmax import LOG2E, online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET
 
 DECODE_PASS_CONFIGS = PASS_CONFIGS
@@ -208,23 +208,18 @@ def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: boo
     return load_queries, store
 
 
-@tilelang.jit(target=TARGET, pass_configs=DECODE_PASS_CONFIGS)
-def decode_kernel(
-    dim: int,
-    dim_v: int,
-    dtype: str,
-    has_sinks: bool,
-    has_softcap: bool,
-    block_n: int = 128,
-    num_stages: int = 2,
-    threads: int = 128,
-):
-    """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
-    lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
-    the tile sweeps).  An FP8 cache takes ``decode_ws.decode_ws_kernel``, same arguments.
+def row_tables(rows: int):
+    """``split_tile_io``'s per-row shared tables (tok_s, head_s, qrow_s, lrow_s) for ``rows`` tile rows."""
+    return tuple(T.alloc_shared([rows], T.int32) for _ in range(4))
 
-    Kernel arguments: Q (RQ, dim), the (B, Sq, H, dim) queries as rows ``(b * Sq + t) * H + h``
-    (RQ = B x Sq x H); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as rows (NR = pages x
+
+def decode_prim_func(dim: int, dim_v: int, dtype: str, cache_dtype: str, kernel):
+    """The decode PrimFunc, one argument list for both schedules (``decode_kernel``,
+    ``decode_ws.decode_ws_kernel``); ``kernel`` is the schedule's T.macro taking the arguments
+    below in order.
+
+    Arguments: Q (RQ, dim), the (B, Sq, H, dim) queries as rows ``(b * Sq + t) * H + h``
+    (RQ = B x Sq x H); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as rows, in ``cache_dtype`` (NR = pages x
     page_size); BlockTable (B, MB) int32 page of each logical block; SeqlensK (B,) int32 keys of
     each entry *after* the append; Leftpad (B,) int32 first visible key; O (RQ, dim_v) rows like
     Q and LSE (RQ,) fp32, the (B, H, Sq) lse flat (both written only when ``num_splits == 1``);
@@ -237,29 +232,12 @@ def decode_kernel(
     """
     B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
     acc = T.float32
-    block_m = BLOCK_M
-    kv_width = max(dim, dim_v)
-    vec = 8  # cache elements per 16-byte copy
-    # The K/V copy loop's thread map: each thread copies ``vec`` consecutive features (16 bytes)
-    # of a key row per step.  Without it, layout inference for a loop writing both K and V
-    # tiles (two different swizzles) settles on 4-byte copies.
-    kv_layout = T.Fragment(
-        [block_n, kv_width],
-        forward_fn=lambda i, c: (
-            ((i * kv_width + c) // vec) % threads,
-            ((i * kv_width + c) // vec) // threads * vec + c % vec,
-        ),
-    )
-    neg_inf = -T.infinity(acc)
-    update, _ = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
-    load_queries, store = split_tile_io(dim, dim_v, dtype, dtype, has_sinks, has_softcap, block_n)
-    chunk = ROW_CHUNK_BLOCKS
 
     @T.prim_func
     def main(
         Q: T.Tensor([RQ, dim], dtype),
-        K: T.Tensor([NR, Hkv, dim], dtype),
-        V: T.Tensor([NR, Hkv, dim_v], dtype),
+        K: T.Tensor([NR, Hkv, dim], cache_dtype),
+        V: T.Tensor([NR, Hkv, dim_v], cache_dtype),
         BlockTable: T.Tensor([B, MB], T.int32),
         SeqlensK: T.Tensor([B], T.int32),
         Leftpad: T.Tensor([B], T.int32),
@@ -279,25 +257,59 @@ def decode_kernel(
         page_shift: T.int32,
         Sq: T.int32,
     ):
+        kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
+               cap_in, left, right, num_splits, page_size, page_shift, Sq)
+
+    return main
+
+
+@tilelang.jit(target=TARGET, pass_configs=DECODE_PASS_CONFIGS)
+def decode_kernel(
+    dim: int,
+    dim_v: int,
+    dtype: str,
+    has_sinks: bool,
+    has_softcap: bool,
+    block_n: int = 128,
+    num_stages: int = 2,
+    threads: int = 128,
+):
+    """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
+    lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
+    the tile sweeps).  An FP8 cache takes ``decode_ws.decode_ws_kernel``, same arguments.
+
+    Kernel arguments: ``decode_prim_func``'s.
+    """
+    acc = T.float32
+    block_m = BLOCK_M
+    kv_width = max(dim, dim_v)
+    vec = 8  # cache elements per 16-byte copy
+    # The K/V copy loop's thread map: each thread copies ``vec`` consecutive features (16 bytes)
+    # of a key row per step.  Without it, layout inference for a loop writing both K and V
+    # tiles (two different swizzles) settles on 4-byte copies.
+    kv_layout = T.Fragment(
+        [block_n, kv_width],
+        forward_fn=lambda i, c: (
+            ((i * kv_width + c) // vec) % threads,
+            ((i * kv_width + c) // vec) // threads * vec + c % vec,
+        ),
+    )
+    neg_inf = -T.infinity(acc)
+    update, _ = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
+    load_queries, store = split_tile_io(dim, dim_v, dtype, dtype, has_sinks, has_softcap, block_n)
+    chunk = ROW_CHUNK_BLOCKS
+
+    @T.macro
+    def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
+               cap_in, left, right, num_splits, page_size, page_shift, Sq):
+        H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
         with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
             row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
-            tok_s = T.alloc_shared([block_m], T.int32)
-            head_s = T.alloc_shared([block_m], T.int32)
-            qrow_s = T.alloc_shared([block_m], T.int32)
-            lrow_s = T.alloc_shared([block_m], T.int32)
-            s = T.alloc_fragment([block_m, block_n], acc)
-            p = T.alloc_fragment([block_m, block_n], dtype)
-            o = T.alloc_fragment([block_m, dim_v], acc)
-            m = T.alloc_fragment([block_m], acc)
-            m_prev = T.alloc_fragment([block_m], acc)
-            m_safe = T.alloc_fragment([block_m], acc)
-            alpha = T.alloc_fragment([block_m], acc)
-            row_sum = T.alloc_fragment([block_m], acc)
-            l = T.alloc_fragment([block_m], acc)
-            lse = T.alloc_fragment([block_m], acc)
+            tok_s, head_s, qrow_s, lrow_s = row_tables(block_m)
+            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
 
             tile = SplitTile(bx // num_splits, bx % num_splits, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
                              num_splits, block_n, KDescale, score_scale, cap_in, False, has_softcap)
@@ -350,7 +362,7 @@ def decode_kernel(
             store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
                   RQ, num_splits, None)
 
-    return main
+    return decode_prim_func(dim, dim_v, dtype, dtype, kernel)
 
 
 # --- host side ------------------------------------------------------------------------------
@@ -433,24 +445,33 @@ class Schedule(NamedTuple):
 def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None) -> Schedule:
     """``decode_kernel`` for a cache in q's dtype; ``decode_ws.decode_ws_kernel``
     (warp-specialised: a producer and two consumer warpgroups, one CTA per SM) for an FP8
-    cache.  Both take the same kernel arguments."""
-    if cache_dtype in (None, dtype) and not WS_16BIT:
+    cache.  Both take the same kernel arguments.  On every call's host path: memoised."""
+    if cache_dtype == dtype:
+        cache_dtype = None
+    # The developer switches are part of the key (the bench and the sweep set them between calls).
+    return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((WS_OVERRIDE or {}).items())), TILE_OVERRIDE)
+
+
+@functools.lru_cache(maxsize=256)
+def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, tiles) -> Schedule:
+    if cache_dtype is None and not ws_16bit:
         cfg = decode_config(dim, dim_v)
         return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1)
     from .decode_ws import CONSUMERS, decode_ws_kernel, ws_config
 
     cache_dtype = cache_dtype or dtype
-    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2), "cache_dtype": cache_dtype, **(WS_OVERRIDE or {})}
+    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2), "cache_dtype": cache_dtype, **dict(override)}
     return Schedule(decode_ws_kernel, cfg, 1, CONSUMERS)
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
-                       cache_dtype: str | None = None):
+                       cache_dtype: str | None = None, sched: Schedule | None = None):
     """(decode, combine) compiled for one static structure (``cache_dtype``: None, or
-    ``"float8_e4m3fn"`` for an FP8 cache)."""
+    ``"float8_e4m3fn"`` for an FP8 cache; ``sched``: its ``decode_schedule`` when the caller
+    has it)."""
     from . import cache
 
-    sched = decode_schedule(dim, dim_v, dtype, cache_dtype)
+    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype)
     decode = cache.get(sched.kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
                        has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
@@ -502,7 +523,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     fp8 = k_cache.dtype != q.dtype
     dtype, cache_dtype = str(q.dtype).removeprefix("torch."), str(k_cache.dtype).removeprefix("torch.")
     sched = decode_schedule(d, dv, dtype, cache_dtype)
-    decode, combine = get_decode_kernels(d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
+    decode, combine = get_decode_kernels(d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None, sched)
     capacity = k_cache.shape[1] * table.shape[1]
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.

@@ -36,8 +36,8 @@ K/V tiles (128 KB) = 208 KB, one CTA (384 threads) per SM.
 import tilelang
 import tilelang.language as T
 
-from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, split_tile_io
-from .softmax import online_softmax
+from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, decode_prim_func, row_tables, split_tile_io
+from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
 
 FULL_ROW = T.GemmWarpPolicy.FullRow
@@ -97,7 +97,7 @@ def decode_ws_kernel(
     self_widen: bool = False,
     ring_rotate: bool = False,
 ):
-    """Build the PrimFunc: arguments as ``decode.decode_kernel``'s, with K and V in
+    """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
     even: CTA ``bx`` of a (row tile, kv head, entry) runs splits ``2c`` and ``2c + 1``
     (``c = bx % (num_splits / 2)``) on its two consumer warpgroups, which share the producer, the
@@ -119,7 +119,6 @@ def decode_ws_kernel(
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
     assert by_row or not self_widen, "self_widen widens the pieces that by_row copies"
     assert widen or not ring_rotate, "a 16-bit ring is the WGMMA operand: its layout is the GEMM's"
-    B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
     consumer_threads = CONSUMERS * 128
@@ -218,30 +217,10 @@ def decode_ws_kernel(
             issue(K, k_ring, rows_s, tile, u, total, pt, k_copies)
             issue(V, v_ring, rows_s, tile, u, total, pt, v_copies)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([RQ, dim], dtype),
-        K: T.Tensor([NR, Hkv, dim], cache_dtype),
-        V: T.Tensor([NR, Hkv, dim_v], cache_dtype),
-        BlockTable: T.Tensor([B, MB], T.int32),
-        SeqlensK: T.Tensor([B], T.int32),
-        Leftpad: T.Tensor([B], T.int32),
-        O: T.Tensor([RQ, dim_v], dtype),
-        LSE: T.Tensor([RQ], acc),
-        Opart: T.Tensor([P, dim_v], acc),
-        LSEpart: T.Tensor([P], acc),
-        Sinks: T.Tensor([H], acc),
-        KDescale: T.Tensor([B, Hkv], acc),
-        VDescale: T.Tensor([B, Hkv], acc),
-        score_scale: T.float32,
-        cap_in: T.float32,
-        left: T.int32,
-        right: T.int32,
-        num_splits: T.int32,
-        page_size: T.int32,
-        page_shift: T.int32,
-        Sq: T.int32,
-    ):
+    @T.macro
+    def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
+               cap_in, left, right, num_splits, page_size, page_shift, Sq):
+        H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
         pairs = num_splits // 2
         with T.Kernel(pairs * T.ceildiv((H // Hkv) * Sq, BLOCK_M), Hkv, B, threads=consumer_threads + 128) as (bx, hk, b):
             q_s = T.alloc_shared([rows, dim], wide)
@@ -251,20 +230,8 @@ def decode_ws_kernel(
             k_s = T.alloc_shared([wide_tiles, block_n, dim], WIDE) if widen else k_ring
             v_s = T.alloc_shared([wide_tiles, block_n, dim_v], WIDE) if widen else v_ring
             rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
-            tok_s = T.alloc_shared([rows], T.int32)
-            head_s = T.alloc_shared([rows], T.int32)
-            qrow_s = T.alloc_shared([rows], T.int32)
-            lrow_s = T.alloc_shared([rows], T.int32)
-            s = T.alloc_fragment([rows, block_n], acc)
-            p = T.alloc_fragment([rows, block_n], wide)
-            o = T.alloc_fragment([rows, dim_v], acc)
-            m = T.alloc_fragment([rows], acc)
-            m_prev = T.alloc_fragment([rows], acc)
-            m_safe = T.alloc_fragment([rows], acc)
-            alpha = T.alloc_fragment([rows], acc)
-            row_sum = T.alloc_fragment([rows], acc)
-            l = T.alloc_fragment([rows], acc)
-            lse = T.alloc_fragment([rows], acc)
+            tok_s, head_s, qrow_s, lrow_s = row_tables(rows)
+            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
             # Consumer tile u % n_tiles of the stream's u-th block: full when the producer has
             # filled it (128 arrivals), empty when its consumer's GEMMs have read it (128).
             full = T.alloc_barrier(arrive_count=[128] * n_tiles)
@@ -339,4 +306,4 @@ def decode_ws_kernel(
                 store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
                       lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
 
-    return main
+    return decode_prim_func(dim, dim_v, dtype, cache_dtype, kernel)
