@@ -5,7 +5,7 @@
 
 Each argument is ``B:L:sq:layout`` (layout ``contig``, ``page16`` or ``page256``; the shapes of
 flashtile/bench_decode.py: bf16, 32 q heads, 8 kv heads, d = 128, causal, ``L + 256`` cache rows).
-``--tiles 64x2`` forces the decode tiles (``decode.TILE_OVERRIDE``); ``--fp8`` profiles an
+``--tiles 64x2`` forces the decode tiles (``decode.CFG_OVERRIDE``); ``--fp8`` profiles an
 float8_e4m3fn copy of each cache instead (the warp-specialised ``decode_ws`` kernel).  Each case runs once
 unprofiled (load, warm-up), then once between cudaProfilerStart/Stop, so ncu reports exactly
 that call's kernels (decode, and combine when split) in the order of the printed case labels.
@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     from flashtile.kernels import decode as decode_mod
 
     if args.tiles:
-        decode_mod.TILE_OVERRIDE = tuple(int(x) for x in args.tiles.split("x"))
+        block_n, stages = (int(x) for x in args.tiles.split("x"))
+        decode_mod.CFG_OVERRIDE = {"block_n": block_n, "num_stages": stages}
     dev = torch.device("cuda")
     pages = dict(LAYOUTS)
     for case in args.cases:

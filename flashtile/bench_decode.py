@@ -293,13 +293,13 @@ def run(args) -> int:
                 tg = bench_graph(call)
                 sweep = {}  # before the append below rewrites the cache's last sq rows
                 for tiles in tile_sweep:
-                    decode_mod.TILE_OVERRIDE = tiles
+                    decode_mod.CFG_OVERRIDE = {"block_n": tiles[0], "num_stages": tiles[1]}
                     try:
                         o2 = call()
                         e2 = (o2.float() - out.float()).abs().max().item()
                         sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench_graph(call) or bench(call), "diff_vs_default": e2}
                     finally:
-                        decode_mod.TILE_OVERRIDE = None
+                        decode_mod.CFG_OVERRIDE = None
                 ta = bench(call_append)
                 fa_t = None
                 if fa_kvcache is not None:

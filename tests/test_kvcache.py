@@ -412,9 +412,11 @@ def test_ctas_per_sm():
     from flashtile.kernels.decode import ctas_per_sm
 
     # 128-key blocks at d = 128 take 160 KB of shared memory: one CTA per SM; 64-key blocks two.
-    assert ctas_per_sm({"block_n": 128, "num_stages": 2}, 128, 128, 2) == 1
-    assert ctas_per_sm({"block_n": 64, "num_stages": 2}, 128, 128, 2) == 2
-    assert ctas_per_sm({"block_n": 64, "num_stages": 2}, 256, 256, 2) == 1
+    # A 64-block row table (16 KB) still leaves room for two.
+    assert ctas_per_sm({"block_n": 128, "num_stages": 2, "chunk_blocks": 32}, 128, 128, 2) == 1
+    assert ctas_per_sm({"block_n": 64, "num_stages": 2, "chunk_blocks": 32}, 128, 128, 2) == 2
+    assert ctas_per_sm({"block_n": 64, "num_stages": 2, "chunk_blocks": 64}, 128, 128, 2) == 2
+    assert ctas_per_sm({"block_n": 64, "num_stages": 2, "chunk_blocks": 32}, 256, 256, 2) == 1
 
 
 @pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (192, 128), (256, 256), (96, 96)])

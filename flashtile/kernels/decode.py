@@ -273,10 +273,15 @@ def decode_kernel(
     block_n: int = 128,
     num_stages: int = 2,
     threads: int = 128,
+    chunk_blocks: int = 32,
+    row_prefetch: bool = True,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
     the tile sweeps).  An FP8 cache takes ``decode_ws.decode_ws_kernel``, same arguments.
+    ``chunk_blocks``: key blocks whose cache rows are looked up at once (``row_s``);
+    ``row_prefetch``: the next chunk's page-table loads issued before this chunk streams
+    (False: after it, the A/B baseline).
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -297,7 +302,35 @@ def decode_kernel(
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
     load_queries, store = split_tile_io(dim, dim_v, dtype, dtype, has_sinks, has_softcap, block_n)
-    chunk = ROW_CHUNK_BLOCKS
+    chunk = chunk_blocks
+    per = chunk * block_n // threads  # keys each thread looks up per chunk
+
+    def chunk_keys(tile, tx, ch, u):
+        """Whether thread key ``u`` of chunk ``ch`` is one of this CTA's keys (a split may hold
+        a few blocks only; past the last chunk, none)."""
+        return u * threads + tx < (tile.my_blocks - ch * chunk) * block_n
+
+    @T.macro
+    def fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift):
+        """Issue the page-table loads of chunk ``ch``'s keys (this thread's ``per``) into
+        ``tab``, and their rows within the page into ``off``."""
+        # The key and its page as registers (alloc_var), so each is computed once; as plain
+        # expressions TileLang inlines them into every use (in 32 and 64 bits).
+        j = T.alloc_var(T.int32)
+        pg = T.alloc_var(T.int32)
+        for u in T.unroll(per):
+            if chunk_keys(tile, tx, ch, u):
+                j = tile.key((tile.kb_first + ch * chunk) * block_n + u * threads + tx)
+                pg = cache_page(j, page_size, page_shift)
+                tab[u] = BlockTable[tile.b, pg]
+                off[u] = j - pg * page_size
+
+    @T.macro
+    def place(tile, tx, ch, tab, off, row_s, page_size):
+        """Chunk ``ch``'s cache rows into ``row_s`` (the copies' table) from ``fetch``'s loads."""
+        for u in T.unroll(per):
+            if chunk_keys(tile, tx, ch, u):
+                row_s[u * threads + tx] = tab[u] * page_size + off[u]
 
     @T.macro
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
@@ -323,19 +356,19 @@ def decode_kernel(
             # the pipelined loop the lookup would be planned into the compute stage (it is not
             # a plain copy), after the copy that reads it.
             tx = T.get_thread_binding(0)
-            # The key and its page as registers (alloc_var), so each is computed once; as plain
-            # expressions TileLang inlines them into every use (5 copies, 2 of them in 64 bits).
-            j = T.alloc_var(T.int32)
-            pg = T.alloc_var(T.int32)
+            # Each thread's page-table entries of one chunk (``per`` keys) and its keys' rows
+            # within their pages, loaded one chunk ahead: the loads of chunk ch + 1 are issued
+            # before chunk ch streams and consumed after it, so their latency hides under the
+            # stream.  (Looked up and stored one key at a time, each chunk waited for ``per``
+            # dependent table loads, ~5 us per chunk from L2 at page 16: NOTES, sixth session.)
+            tab = T.alloc_local([per], T.int32)
+            off = T.alloc_local([per], T.int32)
+
+            fetch(tile, tx, 0, tab, off, BlockTable, page_size, page_shift)
             for ch in T.serial(T.ceildiv(tile.my_blocks, chunk)):
-                # A per-thread loop, not T.Parallel: unrolled, the lookup with both page branches
-                # was a large share of the kernel's code.
-                for it in T.serial(chunk * block_n // threads):
-                    # Only the rows of this CTA's blocks (a split may hold a few blocks only).
-                    if it * threads + tx < (tile.my_blocks - ch * chunk) * block_n:
-                        j = tile.key((tile.kb_first + ch * chunk) * block_n + it * threads + tx)
-                        pg = cache_page(j, page_size, page_shift)
-                        row_s[it * threads + tx] = BlockTable[b, pg] * page_size + (j - pg * page_size)
+                place(tile, tx, ch, tab, off, row_s, page_size)
+                if row_prefetch:
+                    fetch(tile, tx, ch + 1, tab, off, BlockTable, page_size, page_shift)
                 for it in T.Pipelined(T.min(chunk, tile.my_blocks - ch * chunk), num_stages=num_stages):
                     n0 = (tile.kb_first + ch * chunk + it) * block_n
                     # K and V rows in one loop: one cp.async group per step (two groups trip a
@@ -358,6 +391,8 @@ def decode_kernel(
                     for i, c in T.Parallel(block_m, dim_v):
                         o[i, c] *= alpha[i]
                     T.gemm(p, v_s, o, policy=FULL_ROW)
+                if not row_prefetch:
+                    fetch(tile, tx, ch + 1, tab, off, BlockTable, page_size, page_shift)
 
             store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
                   RQ, num_splits, None)
@@ -372,9 +407,12 @@ MAX_SPLITS = 128
 # restarts the K/V pipeline, so about 1/ROW_CHUNK_BLOCKS of the loads are not overlapped.
 ROW_CHUNK_BLOCKS = 32
 
-
-# (block_n, num_stages) forced for every head dim when set; benchmarks/decode_bench.py --tiles.
-TILE_OVERRIDE: tuple[int, int] | None = None
+# Developer switches, part of the schedule's memo key (the bench and the sweeps set them
+# between calls): FLASHTILE_DECODE_WS16=1 sends 16-bit caches through decode_ws's schedule too;
+# CFG_OVERRIDE forces tile parameters of whichever schedule runs (benchmarks/decode_sweep.py,
+# ``flashtile bench --decode --tiles``).
+WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
+CFG_OVERRIDE: dict | None = None
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
@@ -388,11 +426,10 @@ def decode_config(dim: int, dim_v: int) -> dict:
     that fails in codegen (and explicit unrolling, the way around it, did not finish
     compiling in 10 minutes).
     """
-    if TILE_OVERRIDE is not None:
-        return {"block_n": TILE_OVERRIDE[0], "num_stages": TILE_OVERRIDE[1], "threads": 128}
-    if dim != dim_v:  # synchronous loads (see the module docstring): 64 keys spill 1.2 KB, 32 keys 24 B
-        return {"block_n": 32, "num_stages": 2, "threads": 128}
-    return {"block_n": 64, "num_stages": 2, "threads": 128}
+    # synchronous loads at dim != dim_v (see the module docstring): 64 keys spill 1.2 KB, 32 keys 24 B
+    block_n = 32 if dim != dim_v else 64
+    return {"block_n": block_n, "num_stages": 2, "threads": 128, "chunk_blocks": ROW_CHUNK_BLOCKS,
+            "row_prefetch": True}
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path; a pure function of three ints
@@ -423,13 +460,9 @@ def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
     allow two 128-thread CTAs at every tile here.)  128-key blocks at d = 128: 160 KB, one CTA;
     64-key blocks: 88 KB, two.  (The FP8 schedule, ``decode_ws``, runs one CTA per SM.)"""
     smem = BLOCK_M * dim * itemsize + cfg["num_stages"] * cfg["block_n"] * (dim + dim_v) * itemsize
-    smem += ROW_CHUNK_BLOCKS * cfg["block_n"] * 4 + 1024
+    smem += cfg["chunk_blocks"] * cfg["block_n"] * 4 + 1024
     return max(1, min(2, SMEM_PER_SM // smem))
 
-
-# Developer A/B switch (FLASHTILE_DECODE_WS16=1): 16-bit caches through decode_ws's schedule too.
-WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
-WS_OVERRIDE: dict | None = None  # decode_ws tile parameters forced (benchmarks/decode_ws_sweep.py)
 
 
 class Schedule(NamedTuple):
@@ -449,13 +482,13 @@ def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = 
     if cache_dtype == dtype:
         cache_dtype = None
     # The developer switches are part of the key (the bench and the sweep set them between calls).
-    return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((WS_OVERRIDE or {}).items())), TILE_OVERRIDE)
+    return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())))
 
 
 @functools.lru_cache(maxsize=256)
-def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, tiles) -> Schedule:
+def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override) -> Schedule:
     if cache_dtype is None and not ws_16bit:
-        cfg = decode_config(dim, dim_v)
+        cfg = {**decode_config(dim, dim_v), **dict(override)}
         return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1)
     from .decode_ws import CONSUMERS, decode_ws_kernel, ws_config
 

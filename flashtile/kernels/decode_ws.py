@@ -104,7 +104,7 @@ def decode_ws_kernel(
     Q rows and the block stream (the producer interleaves their blocks), and write partials
     that ``combine.py`` merges.
 
-    Not yet measured (for ``benchmarks/decode_ws_sweep.py``; the defaults' generated CUDA does
+    Not yet measured (for ``benchmarks/decode_sweep.py --fp8``; the defaults' generated CUDA does
     not change with them): ``self_widen``, each producer thread widens the pieces it copied
     itself (no producer barrier per block), and ``ring_rotate``, the raw ring's 16-byte pieces
     rotated by row so that by-row copies and reads do not all hit the same banks.

@@ -1,0 +1,88 @@
+"""A/B of decode tile parameters, one process (developer tool).
+
+    python3 benchmarks/decode_sweep.py --variants chunk_blocks=32 chunk_blocks=64 row_prefetch=0
+    python3 benchmarks/decode_sweep.py --fp8 --variants by_row=1 by_row=1,self_widen=1
+
+Each variant (``decode.CFG_OVERRIDE``: parameters of whichever schedule runs, ``decode_kernel``
+for a bf16 cache, ``decode_ws.decode_ws_kernel`` with ``--fp8``) times flash_attn_with_kvcache
+graph-replayed on the cases (``B:L:sq:layout``, the shapes of flashtile/bench_decode.py: bf16 q,
+32/8 heads, d = 128, causal, ``L + 256`` cache rows; layout contig, page16 or page256), checks
+the output against the first variant's and prints µs, % of the read bandwidth measured in the
+same run, and (``--fp8``) the speed-up over the bf16 cache.  ``--precompile`` builds the
+variants (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+BOOLS = ("by_row", "self_widen", "ring_rotate", "row_prefetch")
+
+
+def parse(v: str) -> dict:
+    out = {}
+    for kv in v.split(","):
+        k, x = kv.split("=")
+        out[k] = bool(int(x)) if k in BOOLS else int(x)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", nargs="+", required=True)
+    ap.add_argument("--cases", nargs="+", default=["1:8192:1:contig", "8:32768:1:contig", "8:32768:1:page16",
+                                                   "64:4096:1:contig", "8:32768:4:contig"], help="B:L:sq:layout")
+    ap.add_argument("--fp8", action="store_true", help="an FP8 copy of each cache (decode_ws)")
+    ap.add_argument("--precompile", action="store_true")
+    args = ap.parse_args(argv)
+    from flashtile.kernels import decode as dm
+
+    variants = [parse(v) for v in args.variants]
+    cache_dtype = "float8_e4m3fn" if args.fp8 else None
+    if args.precompile:
+        for v in variants:
+            dm.CFG_OVERRIDE = v
+            dm.get_decode_kernels(128, 128, "bfloat16", False, False, cache_dtype)
+        return 0
+    from flashtile import flash_attn_with_kvcache
+    from flashtile.bench_decode import D, DT, H, HKV, LAYOUTS, as_layout, bench_graph, quantize_cache, read_bandwidth
+
+    bw = read_bandwidth()
+    print(f"{torch.cuda.get_device_name()}; read bandwidth {bw / 1e9:.0f} GB/s")
+    for case in args.cases:
+        B, L, sq, layout = case.split(":")
+        B, L, sq = int(B), int(L), int(sq)
+        kc = torch.randn(B, L + 256, HKV, D, device="cuda", dtype=DT)
+        vc = torch.randn_like(kc)
+        q = torch.randn(B, sq, H, D, device="cuda", dtype=DT)
+        seqlens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        page = dict(LAYOUTS)[layout]
+        t16 = None
+        if args.fp8:
+            kcache, vcache, kw = as_layout(kc, vc, page)
+            t16 = bench_graph(lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw))
+            (kc, kd), (vc, vd) = quantize_cache(kc), quantize_cache(vc)
+        kcache, vcache, kw = as_layout(kc, vc, page)
+        if args.fp8:
+            kw.update(k_descale=kd, v_descale=vd)
+        nbytes = 2 * B * L * HKV * D * kc.element_size()
+        ref = None
+        for v in variants:
+            dm.CFG_OVERRIDE = v
+            call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
+            out = call()
+            ref = out if ref is None else ref
+            diff = (out.float() - ref.float()).abs().max().item()
+            t = bench_graph(call)
+            vs = f" {t16 / t:5.2f}x bf16 cache" if t16 else ""
+            print(f"{case:>18} {str(v):56s} {t * 1e6:8.1f} us {100 * nbytes / t / bw:5.1f} %bw{vs}  diff {diff:.1e}",
+                  flush=True)
+        dm.CFG_OVERRIDE = None
+        del kc, vc, kcache, vcache
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
