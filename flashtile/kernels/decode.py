@@ -274,14 +274,14 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
-    row_prefetch: bool = True,
+    row_batch: bool = True,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
     the tile sweeps).  An FP8 cache takes ``decode_ws.decode_ws_kernel``, same arguments.
     ``chunk_blocks``: key blocks whose cache rows are looked up at once (``row_s``);
-    ``row_prefetch``: the next chunk's page-table loads issued before this chunk streams
-    (False: after it, the A/B baseline).
+    ``row_batch``: each thread's page-table loads of a chunk issued together (False: one
+    dependent load and store at a time, the A/B baseline).
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -326,6 +326,17 @@ def decode_kernel(
                 off[u] = j - pg * page_size
 
     @T.macro
+    def lookup_serial(tile, tx, ch, row_s, BlockTable, page_size, page_shift):
+        """The A/B baseline: one key at a time, each page-table load before its store."""
+        j = T.alloc_var(T.int32)
+        pg = T.alloc_var(T.int32)
+        for u in T.serial(per):
+            if chunk_keys(tile, tx, ch, u):
+                j = tile.key((tile.kb_first + ch * chunk) * block_n + u * threads + tx)
+                pg = cache_page(j, page_size, page_shift)
+                row_s[u * threads + tx] = BlockTable[tile.b, pg] * page_size + (j - pg * page_size)
+
+    @T.macro
     def place(tile, tx, ch, tab, off, row_s, page_size):
         """Chunk ``ch``'s cache rows into ``row_s`` (the copies' table) from ``fetch``'s loads."""
         for u in T.unroll(per):
@@ -357,18 +368,19 @@ def decode_kernel(
             # a plain copy), after the copy that reads it.
             tx = T.get_thread_binding(0)
             # Each thread's page-table entries of one chunk (``per`` keys) and its keys' rows
-            # within their pages, loaded one chunk ahead: the loads of chunk ch + 1 are issued
-            # before chunk ch streams and consumed after it, so their latency hides under the
-            # stream.  (Looked up and stored one key at a time, each chunk waited for ``per``
-            # dependent table loads, ~5 us per chunk from L2 at page 16: NOTES, sixth session.)
+            # within their pages: all ``per`` loads are issued before the first store, so a
+            # chunk waits for one round trip, not ``per`` dependent ones (~5 us per chunk from
+            # L2 at page 16: 91 -> 95% of the bandwidth, NOTES sixth session).  Issuing the next
+            # chunk's loads before this chunk streams measured the same: not kept.
             tab = T.alloc_local([per], T.int32)
             off = T.alloc_local([per], T.int32)
 
-            fetch(tile, tx, 0, tab, off, BlockTable, page_size, page_shift)
             for ch in T.serial(T.ceildiv(tile.my_blocks, chunk)):
-                place(tile, tx, ch, tab, off, row_s, page_size)
-                if row_prefetch:
-                    fetch(tile, tx, ch + 1, tab, off, BlockTable, page_size, page_shift)
+                if row_batch:
+                    fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift)
+                    place(tile, tx, ch, tab, off, row_s, page_size)
+                else:
+                    lookup_serial(tile, tx, ch, row_s, BlockTable, page_size, page_shift)
                 for it in T.Pipelined(T.min(chunk, tile.my_blocks - ch * chunk), num_stages=num_stages):
                     n0 = (tile.kb_first + ch * chunk + it) * block_n
                     # K and V rows in one loop: one cp.async group per step (two groups trip a
@@ -391,8 +403,6 @@ def decode_kernel(
                     for i, c in T.Parallel(block_m, dim_v):
                         o[i, c] *= alpha[i]
                     T.gemm(p, v_s, o, policy=FULL_ROW)
-                if not row_prefetch:
-                    fetch(tile, tx, ch + 1, tab, off, BlockTable, page_size, page_shift)
 
             store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
                   RQ, num_splits, None)
@@ -429,7 +439,7 @@ def decode_config(dim: int, dim_v: int) -> dict:
     # synchronous loads at dim != dim_v (see the module docstring): 64 keys spill 1.2 KB, 32 keys 24 B
     block_n = 32 if dim != dim_v else 64
     return {"block_n": block_n, "num_stages": 2, "threads": 128, "chunk_blocks": ROW_CHUNK_BLOCKS,
-            "row_prefetch": True}
+            "row_batch": True}
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path; a pure function of three ints
