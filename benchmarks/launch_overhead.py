@@ -4,6 +4,7 @@
 
 Times, per call, on a tiny input where the GPU work is a few microseconds, so the figure is
 host time: each layer from ``flash_attn_func`` down to TileLang's compiled host function.
+``benchmarks/host_overhead_cpu.py`` measures the same layers' Python on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def main():
     args_ = (q, k, v, out, lse, sinks, *scalars)
     exe = kernel.adapter._get_executable()
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+    cu = torch.tensor([0, 64, 128], dtype=torch.int32, device="cuda")
     rows = [
         ("torch.empty x2 (allocation floor)", lambda: (torch.empty_like(q), torch.empty(b, h, s, device="cuda"))),
         ("tvm-ffi executable(*args)", lambda: exe(*args_)),
@@ -54,7 +57,11 @@ def main():
         ("kernels.forward (+checks, _prepare)", lambda: kernels_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
         ("flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),
         ("flash_attn_func, requires_grad", lambda: flashtile.flash_attn_func(qg, kg, vg)),
+        ("flash_attn_func + backward (autograd.grad)", lambda: torch.autograd.grad(flashtile.flash_attn_func(qg, kg, vg), (qg, kg, vg), dout)),
+        ("flash_attn_varlen_func, no grad (2 x 64 tokens)", lambda: flashtile.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 64, 64)),
         ("torch SDPA (flash backend), no grad", lambda: torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))),
+        ("torch SDPA (flash backend) + backward", lambda: torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+            qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2)), (qg, kg, vg), dout.transpose(1, 2))),
     ]
     # decode: B=1, one token, 32/8 heads, d=128, a 1k-key cache (GPU work a few us)
     qd = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)

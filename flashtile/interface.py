@@ -23,26 +23,31 @@ from . import ops
 from . import validation as V
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_SUPPORTED_DTYPES_FP8 = SUPPORTED_DTYPES + (V.FP8_DTYPE,)
 MAX_HEADDIM = 256
 
 
 FN = "flash_attn_func"
 QKV_LAYOUT = "(batch, seqlen, nheads, headdim)"
+_QKV_LAYOUTS = dict.fromkeys("qkv", QKV_LAYOUT)
 
 
 def check_qkv_types(fn: str, q, k, v, rank: int, layouts: dict, fp8) -> None:
     """Types, ranks, dtypes and devices of q, k, v (every entry point's first checks).
     ``layouts``: name -> the shape the message shows; ``fp8`` as in ``validate``."""
-    dtypes = SUPPORTED_DTYPES if fp8 is None else SUPPORTED_DTYPES + (V.FP8_DTYPE,)
+    dtypes = SUPPORTED_DTYPES if fp8 is None else _SUPPORTED_DTYPES_FP8
     for name, x in (("q", q), ("k", k), ("v", v)):
+        # A supported dtype is never one of the refused FP8 formats, so the detailed checks
+        # (and their order of messages) run only for a tensor that fails this one.
+        if not (isinstance(x, torch.Tensor) and x.dim() == rank and x.dtype in dtypes):
+            if fp8 is not None:
+                V.check_fp8_dtype(fn, name, x)
+            V.check_tensor(fn, name, x, rank, layouts[name], dtypes)
+    if not (q.dtype == k.dtype == v.dtype):  # equal dtypes are never an FP8 / non-FP8 mix
         if fp8 is not None:
-            V.check_fp8_dtype(fn, name, x)
-        V.check_tensor(fn, name, x, rank, layouts[name], dtypes)
-    if fp8 is not None:
-        V.check_fp8_mix(fn, q, k, v)
-    if not (q.dtype == k.dtype == v.dtype):
+            V.check_fp8_mix(fn, q, k, v)
         V.fail(fn, TypeError, "q, k, v dtypes", "equal", f"{q.dtype}, {k.dtype}, {v.dtype}")
-    if len({q.device, k.device, v.device}) != 1:
+    if not (q.device == k.device == v.device):
         V.fail(fn, ValueError, "q, k, v devices", "the same", f"{q.device}, {k.device}, {v.device}")
 
 
@@ -80,7 +85,7 @@ def validate(q, k, v, softmax_scale, window_size, sinks, softcap, fn: str = FN, 
     ``fp8``: None (FP8 inputs refused as an unsupported dtype), or the FP8 options
     ``(q_descale, k_descale, v_descale, out_dtype)`` of an entry point that takes float8_e4m3fn.
     """
-    check_qkv_types(fn, q, k, v, 4, dict.fromkeys("qkv", QKV_LAYOUT), fp8)
+    check_qkv_types(fn, q, k, v, 4, _QKV_LAYOUTS, fp8)
     b = q.shape[0]
     if k.shape[0] != b or v.shape[0] != b:
         V.fail(fn, ValueError, "batch size of k and v", f"q's batch {b}", f"{k.shape[0]} and {v.shape[0]}")
@@ -174,13 +179,15 @@ def flash_attn_func(
     Flags must be Python bools (``causal="yes"`` is a TypeError, not True).
     """
     V.reject_unsupported(FN, dropout_p, alibi_slopes)
-    for name, flag in (
-        ("causal", causal),
-        ("deterministic", deterministic),
-        ("return_attn_probs", return_attn_probs),
-        ("return_lse", return_lse),
-    ):
-        V.check_flag(FN, name, flag)
+    if not (type(causal) is bool and type(deterministic) is bool and type(return_attn_probs) is bool
+            and type(return_lse) is bool):  # the common case, checked first
+        for name, flag in (
+            ("causal", causal),
+            ("deterministic", deterministic),
+            ("return_attn_probs", return_attn_probs),
+            ("return_lse", return_lse),
+        ):
+            V.check_flag(FN, name, flag)
     validate(q, k, v, softmax_scale, window_size, sinks, softcap, fp8=(q_descale, k_descale, v_descale, out_dtype))
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])

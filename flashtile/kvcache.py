@@ -28,13 +28,20 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import reference
+from . import ops, reference
 from .fp8 import DTYPE as FP8
 from .fp8 import saturate
 from .validation import check_descales, check_scale, check_sinks, check_softcap, check_window, describe, fail, is_int
 
 FN = "flash_attn_with_kvcache"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_CACHE_DTYPES = DTYPES + (FP8,)
+# (k_cache's, v_cache's) layout in messages, contiguous and paged: built once, not per call.
+_CACHE_LAYOUTS = {
+    paged: (layout, layout.replace("headdim)", "headdim_v)"))
+    for paged, layout in ((False, "(batch_cache, seqlen_cache, nheads_kv, headdim)"),
+                          (True, "(num_blocks, page_size, nheads_kv, headdim)"))
+}
 MAX_HEADDIM = 256
 
 
@@ -71,9 +78,9 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     """Refuse bad input before any work (ValueError/TypeError naming argument, expectation, value)."""
     _tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     paged = block_table is not None
-    cache_layout = "(num_blocks, page_size, nheads_kv, headdim)" if paged else "(batch_cache, seqlen_cache, nheads_kv, headdim)"
-    _tensor("k_cache", k_cache, 4, cache_layout, DTYPES + (FP8,))
-    _tensor("v_cache", v_cache, 4, cache_layout.replace("headdim)", "headdim_v)"), DTYPES + (FP8,))
+    k_layout, v_layout = _CACHE_LAYOUTS[paged]
+    _tensor("k_cache", k_cache, 4, k_layout, _CACHE_DTYPES)
+    _tensor("v_cache", v_cache, 4, v_layout, _CACHE_DTYPES)
     dev = q.device
     fp8 = k_cache.dtype == FP8
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -116,8 +123,9 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         capacity = page
         if cache_batch_idx is None and nblocks != b:
             _fail(ValueError, "k_cache.shape[0] (batch_cache)", f"q's batch {b} when cache_batch_idx is None", nblocks)
-    check_descales(FN, (("k_descale", k_descale), ("v_descale", v_descale)), fp8, b, hkv, dev, "a float8_e4m3fn cache",
-                   f"a {k_cache.dtype} cache (descales go with a float8_e4m3fn cache)")
+    if fp8 or k_descale is not None or v_descale is not None:  # nothing to check (or format) otherwise
+        check_descales(FN, (("k_descale", k_descale), ("v_descale", v_descale)), fp8, b, hkv, dev, "a float8_e4m3fn cache",
+                       f"a {k_cache.dtype} cache (descales go with a float8_e4m3fn cache)")
     if cache_batch_idx is not None:
         _int_tensor("cache_batch_idx", cache_batch_idx, (b,), "(batch,)", dev)
     if cache_leftpad is not None:
@@ -431,6 +439,12 @@ def flash_attn_with_kvcache(
     if causal:
         right = 0
     snew = 0 if k is None else k.shape[1]
+    # Plain eager (nothing traced, no autograd to record): the implementations directly, without
+    # the custom ops' dispatch (tens of microseconds of Python per call); traced: the ops.
+    tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, sinks,
+               k_descale, v_descale)
+    direct = (q.device.type in ops._FAST_DEVICES and ops._plain_eager(*tensors)
+              and not ops._needs_grad(*tensors))
     with torch.no_grad():
         if rotary_cos is not None:
             # q at cache_seqlens + t when causal or local, else every token at cache_seqlens;
@@ -442,8 +456,13 @@ def flash_attn_with_kvcache(
             q = apply_rotary(q, rotary_cos, rotary_sin, base + steps, rotary_interleaved)
             k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)
         if snew:
-            kvcache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
+            append = append_kv if direct else kvcache_append
+            append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
         seqlens_k = cache_seqlens + snew if snew else cache_seqlens
-    out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
-                           float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
+        if direct:
+            out, lse = _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                               float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
+    if not direct:
+        out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                               float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
     return (out, lse) if return_lse else out

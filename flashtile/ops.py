@@ -24,6 +24,7 @@ import os
 from collections import namedtuple
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from . import fp8, reference
@@ -429,15 +430,52 @@ class _EagerAttention(torch.autograd.Function):
 
     Old-style ``forward(ctx, ...)`` on purpose: with a separate ``setup_context``,
     ``Function.apply`` binds arguments through ``inspect.signature`` on every call (~70 us).
+    The scalar options travel as one tuple (``scalars``: scale, window, softcap,
+    deterministic, out_dtype) so that ``apply`` walks 8 arguments, not 13.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, *options):
-        output = _fwd_op(q, k, v, *options)
-        _setup_fwd(ctx, (q, k, v, *options), output)
-        return output
+    def forward(ctx, q, k, v, sinks, q_descale, k_descale, v_descale, scalars):
+        scale, left, right, softcap, deterministic, out_dtype = scalars
+        out, lse = _fwd_impl(q, k, v, sinks, scale, left, right, softcap, q_descale, k_descale, v_descale, out_dtype)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.scalars = scalars
+        ctx.descales = (q_descale, k_descale, v_descale)
+        ctx.set_materialize_grads(False)
+        return out, lse
 
-    backward = staticmethod(_backward_fwd)
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        if dout is None:  # only lse was used downstream
+            dout = torch.zeros_like(out)
+        scale, left, right, softcap, deterministic, out_dtype = ctx.scalars
+        dq, dk, dv, dsinks = _bwd(dout, dlse, q, k, v, out, lse, sinks, scale, left, right, softcap, deterministic,
+                                  *ctx.descales, out_dtype)
+        return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None
+
+
+# ``Function.apply`` without its Python wrapper (which re-checks for functorch transforms and
+# setup_context on every call): ``attention`` calls it only after ``_plain_eager`` has ruled
+# functorch out, and unwraps dead functorch wrappers itself, as the wrapper would.
+_eager_apply = super(torch.autograd.Function, _EagerAttention).apply
+# (Private torch names: if a release renames them, the fast path degrades to no unwrapping /
+# no forward-AD check rather than failing at import.)
+_unwrap_if_dead = getattr(torch._C._functorch, "unwrap_if_dead", lambda t: t)
+
+
+def _needs_grad(*tensors) -> bool:
+    """Autograd must record this call: grad mode on and some input requires grad, or a
+    forward-mode AD level is open (dual tensors need not require grad; the recorded paths
+    keep their behaviour there)."""
+    if getattr(_forward_ad, "_current_level", -1) >= 0:
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 def attention(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
@@ -445,11 +483,17 @@ def attention(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
     """Differentiable (out, lse) (FP8 inputs: forward only).
 
     Traced (torch.compile, export, fake tensors, functorch, subclasses): the ``flashtile::fwd``
-    custom op, one opaque node.  Plain eager: ``_EagerAttention``, which runs the same
-    implementation and backward without the custom-op dispatcher's per-call Python overhead.
+    custom op, one opaque node.  Plain eager: the implementation itself when autograd has
+    nothing to record (no grad mode, or no input requiring grad: inference), else
+    ``_EagerAttention``, which runs the same implementation and backward; both skip the
+    custom-op dispatcher's per-call Python overhead.
     """
-    args = (q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
-            q_descale, k_descale, v_descale, out_dtype)
     if q.device.type in _FAST_DEVICES and _plain_eager(q, k, v, sinks, q_descale, k_descale, v_descale):
-        return _EagerAttention.apply(*args)
-    return attention_fwd(*args)
+        if not _needs_grad(q, k, v, sinks, q_descale, k_descale, v_descale):
+            return _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
+                             q_descale, k_descale, v_descale, out_dtype)
+        tensors = (_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
+                   *(None if t is None else _unwrap_if_dead(t) for t in (sinks, q_descale, k_descale, v_descale)))
+        return _eager_apply(*tensors, (softmax_scale, window_left, window_right, softcap, deterministic, out_dtype))
+    return attention_fwd(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
+                         q_descale, k_descale, v_descale, out_dtype)

@@ -18,6 +18,10 @@ import torch
 
 _SYM_REAL = (torch.SymInt, torch.SymFloat)
 _SYM_BOOL = (torch.SymBool,)
+# isinstance tuples built once (a tuple concatenation per check is measurable per call).
+_REAL_TYPES = (int, float) + _SYM_REAL
+_INT_TYPES = (int, torch.SymInt)
+_FLAG_TYPES = (bool,) + _SYM_BOOL
 
 
 def fail(fn: str, kind: type[Exception], arg: str, expected: str, given) -> None:
@@ -44,7 +48,7 @@ def is_real(x) -> bool:
     """A real number (Python, numpy or symbolic under torch.compile), not a bool, not a tensor."""
     if isinstance(x, (bool, torch.Tensor)):
         return False
-    if isinstance(x, (int, float) + _SYM_REAL):
+    if isinstance(x, _REAL_TYPES):
         return True
     # numpy scalars and other registered reals; numpy.bool_ is not a numbers.Real.
     return isinstance(x, numbers.Real)
@@ -54,7 +58,7 @@ def is_int(x) -> bool:
     """An integer (Python, numpy or symbolic), not a bool."""
     if isinstance(x, bool):
         return False
-    if isinstance(x, (int, torch.SymInt)):
+    if isinstance(x, _INT_TYPES):
         return True
     return isinstance(x, numbers.Integral) and not isinstance(x, torch.Tensor)
 
@@ -67,7 +71,7 @@ def is_finite(x) -> bool:
 def check_flag(fn: str, name: str, value) -> None:
     """A flag must be a Python ``bool``: ``'no'``, ``1`` or a tensor are refused, since
     truthiness would silently turn ``deterministic='no'`` into True."""
-    if not isinstance(value, (bool,) + _SYM_BOOL):
+    if not isinstance(value, _FLAG_TYPES):
         fail(fn, TypeError, name, "a bool (True or False)", describe(value))
 
 
@@ -83,6 +87,8 @@ def check_scale(fn: str, name: str, value) -> None:
 
 def check_softcap(fn: str, value, name: str = "softcap") -> None:
     """A finite real number >= 0 (0 = off)."""
+    if type(value) is float and 0.0 <= value < math.inf:  # the common case, checked first
+        return
     if not is_real(value):
         fail(fn, TypeError, name, "a real number (float)", describe(value))
     if not is_finite(value) or value < 0:
@@ -91,6 +97,10 @@ def check_softcap(fn: str, value, name: str = "softcap") -> None:
 
 def check_window(fn: str, window_size, name: str = "window_size") -> None:
     """A pair of ints ``(left, right)``, each >= -1 (-1 = unbounded)."""
+    if type(window_size) is tuple and len(window_size) == 2:  # the common case, checked first
+        left, right = window_size
+        if type(left) is int and type(right) is int and left >= -1 and right >= -1:
+            return
     if not (
         isinstance(window_size, (tuple, list))
         and len(window_size) == 2
@@ -133,6 +143,8 @@ def reject_unsupported(fn: str, dropout_p=0.0, alibi_slopes=None) -> None:
     ``dropout_p`` may be 0 or None.  A nonzero value may also be a softmax scale passed
     fourth in flash-attn 3's order; the message says so.
     """
+    if alibi_slopes is None and (dropout_p is None or (type(dropout_p) is float and dropout_p == 0.0)):
+        return  # the common case, checked first
     if dropout_p is not None:
         if not is_real(dropout_p):
             fail(fn, TypeError, "dropout_p", "0.0 or None (flashtile has no attention dropout)", describe(dropout_p))
@@ -158,6 +170,8 @@ _OTHER_FP8 = {
     for name in ("float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
     if hasattr(torch, name)
 }
+
+
 def check_fp8_dtype(fn: str, name: str, x) -> None:
     """Refuse FP8 formats other than float8_e4m3fn with the reason (before the generic dtype check)."""
     if isinstance(x, torch.Tensor) and x.dtype in _OTHER_FP8.values():
@@ -207,8 +221,10 @@ def check_fp8_options(fn: str, q, k, v, sinks, q_descale, k_descale, v_descale, 
     are float8_e4m3fn; ``out_dtype`` bf16/fp16 (or None) for FP8, None or q's dtype otherwise.
     FP8 attention is forward-only (flash-attn 3's FP8 path has no backward): inputs that would
     need a gradient are refused."""
-    descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     fp8 = q.dtype == FP8_DTYPE
+    if not fp8 and q_descale is None and k_descale is None and v_descale is None and (out_dtype is None or out_dtype == q.dtype):
+        return  # the common case, without building the messages below
+    descales = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     check_descales(fn, descales, fp8, batch, nheads_kv, q.device, "float8_e4m3fn inputs",
                    f"non-FP8 inputs (q.dtype is {q.dtype}; descales go with float8_e4m3fn q, k, v)")
     if not fp8:

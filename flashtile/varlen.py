@@ -392,8 +392,15 @@ class _EagerVarlen(torch.autograd.Function):
         return dq, dk, dv, option_grads.sinks, None
 
 
+_eager_apply = super(torch.autograd.Function, _EagerVarlen).apply  # as ``ops._eager_apply``
+
+
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, o: Options):
-    """Differentiable (out, lse): the custom op when traced, ``_EagerVarlen`` in plain eager."""
+    """Differentiable (out, lse): the custom op when traced; in plain eager the implementation
+    itself when autograd has nothing to record, else ``_EagerVarlen``."""
     if q.device.type in ops._FAST_DEVICES and ops._plain_eager(q, k, v, *(getattr(o, n) for n in _TENSOR_OPTIONS)):
-        return _EagerVarlen.apply(q, k, v, o.sinks, o)
+        if not ops._needs_grad(q, k, v, o.sinks, o.q_descale, o.k_descale, o.v_descale):
+            return _fwd_impl(q, k, v, o)
+        unwrap = ops._unwrap_if_dead
+        return _eager_apply(unwrap(q), unwrap(k), unwrap(v), None if o.sinks is None else unwrap(o.sinks), o)
     return varlen_fwd(q, k, v, *o)

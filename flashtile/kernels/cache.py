@@ -81,11 +81,23 @@ def get(builder: Callable, config: Any = None, **static) -> Any:
     This sits on every attention call, so the hit path is one dict lookup on a key of plain
     hashables (``config`` is a frozen dataclass); names and dicts are made only when building.
     """
-    key = (id(builder), config, *static.items())  # builders are module-level: ids are stable
-    kernel = _kernels.get(key)
+    return get_static(builder, config, tuple(static.items()))
+
+
+def key(builder: Callable, config: Any, static: tuple) -> tuple:
+    """The cache key of a structure (``static``: ``(name, value)`` pairs in builder order);
+    a launcher may keep it (``get_static``'s ``key``) instead of rebuilding it per call."""
+    return (id(builder), config, *static)  # builders are module-level: ids are stable
+
+
+def get_static(builder: Callable, config: Any, static: tuple, key_: tuple | None = None) -> Any:
+    """``get`` with the structure as ``(name, value)`` pairs, and optionally its ``key``."""
+    if key_ is None:
+        key_ = key(builder, config, static)
+    kernel = _kernels.get(key_)
     if kernel is None:
         with _lock:
-            kernel = _kernels.get(key)
+            kernel = _kernels.get(key_)
             if kernel is None:
                 if not _kernels:  # the first build of the process: the shipped kernels first
                     from . import prebuilt
@@ -94,10 +106,11 @@ def get(builder: Callable, config: Any = None, **static) -> Any:
                         prebuilt.install()
                     except (OSError, tarfile.TarError) as e:  # a read-only or full cache: compile instead
                         log.warning("flashtile: prebuilt kernels not installed (%s); kernels compile on first use", e)
+                static = dict(static)
                 kwargs = {**static, **(config.as_kwargs() if config is not None else {})}
                 name = getattr(builder, "__name__", None) or getattr(getattr(builder, "func", None), "__name__", "kernel")
                 kernel = _build(builder, name, kwargs, static)
-                _kernels[key] = kernel
+                _kernels[key_] = kernel
                 builds[(name, tuple(sorted(kwargs.items())))] += 1
     return kernel
 

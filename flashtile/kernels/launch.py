@@ -13,6 +13,7 @@ q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -67,8 +68,29 @@ class Packed:
         return (rows - self.cu_q[seq]) < self.lens_q[seq]
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _memoised(structure):
+    """``structure`` (a pure function of ints, strs and bools: which builder, config and static
+    arguments) memoised, except while ``configs.overrides`` (the tuning hook) is set: then its
+    answer may change between calls, so it is computed afresh.  Spares every call the config
+    table, the builder import and the key (a few microseconds of host time each)."""
+    cached = functools.lru_cache(maxsize=1024)(structure)
+
+    @functools.wraps(structure)
+    def get(*args):
+        return structure(*args) if configs.overrides else cached(*args)
+
+    get.cache_clear = cached.cache_clear
+    return get
 
 
 def _scores(softmax_scale: float, softcap: float) -> tuple[float, float]:
@@ -85,13 +107,23 @@ def forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softca
                    varlen: bool = False, num_sms: int = 132, out_dtype: Optional[str] = None):
     """The compiled forward for one static structure (tiles and builder from ``configs.fwd_config``;
     ``out_dtype`` for FP8 inputs, ``operands``)."""
-    cfg = configs.fwd_config(dim, dim_v, dtype, configs.mask_kind(window), varlen)
+    structure = _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, configs.mask_kind(window), varlen,
+                                   num_sms, out_dtype)
+    return cache.get_static(*structure)
+
+
+@_memoised
+def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, num_sms, out_dtype):
+    """(builder, config, static pairs, cache key) of ``forward_kernel``."""
+    cfg = configs.fwd_config(dim, dim_v, dtype, kind, varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
     if cfg.manual_ws and cfg.tiles_per_cta != 1:
         static["num_sms"] = num_sms
     if dtype == operands.FP8:
         static["out_dtype"] = out_dtype or "bfloat16"
-    return cache.get(configs.builder(cfg), cfg, **static)
+    builder = configs.builder(cfg)
+    pairs = tuple(static.items())
+    return builder, cfg, pairs, cache.key(builder, cfg, pairs)
 
 
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float,
@@ -142,17 +174,30 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
 def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool,
                      window=(-1, -1), varlen: bool = False):
     """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure."""
+    structures = _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic,
+                                      configs.mask_kind(window), varlen)
+    return tuple(None if st is None else cache.get_static(*st) for st in structures[:3])
+
+
+@_memoised
+def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen):
+    """``cache.get_static`` arguments of (preprocess, dK/dV main, dQ or None), then the main
+    kernel's ``BwdConfig``."""
     from .bwd_preprocess import attention_bwd_preprocess
 
-    prep = cache.get(attention_bwd_preprocess, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
+    def structure(builder, cfg, **static):
+        pairs = tuple(static.items())
+        return builder, cfg, pairs, cache.key(builder, cfg, pairs)
+
+    prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
-    cfg = configs.bwd_config(dim, dim_v, dtype, configs.mask_kind(window), has_softcap)
-    main = cache.get(configs.builder(cfg), cfg, with_dq=not deterministic, **static)
+    cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap)
+    main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static)
     dq = None
     if deterministic:
         dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype, has_softcap)
-        dq = cache.get(configs.builder(dq_cfg), dq_cfg, **static)
-    return prep, main, dq
+        dq = structure(configs.builder(dq_cfg), dq_cfg, **static)
+    return prep, main, dq, cfg
 
 
 def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic,
@@ -210,7 +255,8 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     scalars = (score_scale, softmax_scale, cap_in, left, right)
     kind = configs.mask_kind(window)
     max_k = packed.max_k if varlen else sk
-    key_blocks = -(-max_k // configs.bwd_config(d, dv_, dtype, kind, softcap > 0).block_n)
+    main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen)[3]
+    key_blocks = -(-max_k // main_cfg.block_n)
     batch = packed.batch if varlen else b
     rows = configs.dkdv_rows_per_group(kind, h // hkv, batch * hkv, key_blocks, target.sm_count(q.device))
     seq_args = (*packed.tensors(), cu_stat) if varlen else ()

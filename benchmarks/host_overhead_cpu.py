@@ -1,0 +1,214 @@
+"""Host (Python) time per call of the public entry points, on a CPU-only machine.
+
+    python3 benchmarks/host_overhead_cpu.py [--profile NAME] [--n 2000] [--rows SUBSTRING]
+
+The CUDA path's Python runs end to end on CPU tensors with the GPU parts stubbed out, so the
+figures are the host time that ``benchmarks/launch_overhead.py`` measures on the device, minus
+TileLang's adapter and the tvm-ffi call (~16 us on an H100 host, not reproducible here) and
+with CPU allocations in place of the CUDA caching allocator's.
+
+How the CUDA path is reached from CPU tensors (``install_stubs``; only this script does it):
+
+- the entry points' device dispatch sends CPU tensors to ``flashtile.reference``; its
+  functions are replaced by adapters that call the CUDA launchers (``flashtile.kernels.forward``
+  / ``backward`` / ``varlen_*`` and ``kernels.decode.launch_decode``) with the same tensors;
+- ``target.capability`` answers sm_90 and ``target.sm_count`` 132;
+- ``cache._build`` returns a no-op kernel (so ``cache.get``'s lookup still runs) and the
+  prebuilt bundle is not installed;
+- checks that read tensor contents and run on CPU only (varlen's ``cu_seqlens`` checks, the KV
+  cache's length checks) are switched off, as they are on CUDA by default;
+- ``torch.cuda.is_current_stream_capturing`` answers False (the CPU wheel raises).
+
+Cost differences kept: the CPU branch's ``torch.no_grad()`` around the reference call (~1 us),
+and one extra adapter frame per launcher call.  ``--profile NAME`` prints cProfile's top
+entries for the row whose name contains NAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import math
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the checkout's flashtile
+
+import flashtile  # noqa: E402
+from flashtile import kvcache, ops, reference, varlen  # noqa: E402
+from flashtile import kernels as K  # noqa: E402
+from flashtile.kernels import cache, launch, prebuilt, target  # noqa: E402
+
+# The varlen reference has no max_seqlen arguments (the CUDA launcher needs them): the rows set
+# the values of their inputs here.
+_VARLEN_MAX = {"q": 0, "k": 0}
+
+
+def _noop_kernel(*args):
+    return None
+
+
+def install_stubs() -> None:
+    """Route the CPU path of every entry point into the CUDA launchers with no-op kernels."""
+    from flashtile.kernels import decode
+
+    target.capability = lambda device: (9, 0)
+    K._capability = target.capability  # bound by name in kernels/__init__
+    target.sm_count = lambda device: 132
+    cache._build = lambda builder, name, kwargs, static: _noop_kernel
+    prebuilt.install = lambda: 0
+    torch.cuda.is_current_stream_capturing = lambda: False
+    varlen.content_checks_enabled = lambda device: False
+    kvcache._check_lengths = lambda *a: None
+    kvcache._readable = lambda t: False
+
+    def fwd(q, k, v, softmax_scale, window=(-1, -1), sinks=None, softcap=0.0):
+        return K.forward(q, k, v, sinks, softmax_scale, window, softcap)
+
+    def bwd(dout, q, k, v, out, lse, softmax_scale, window=(-1, -1), sinks=None, softcap=0.0, dlse=None):
+        return K.backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, False)
+
+    def vfwd(q, k, v, cu_q, cu_k, softmax_scale, window=(-1, -1), sinks=None, softcap=0.0, seqused_q=None,
+             seqused_k=None):
+        return K.varlen_forward(q, k, v, cu_q, cu_k, seqused_q, seqused_k, _VARLEN_MAX["q"], _VARLEN_MAX["k"],
+                                sinks, softmax_scale, window, softcap)
+
+    def vbwd(dout, q, k, v, out, lse, cu_q, cu_k, softmax_scale, window=(-1, -1), sinks=None, softcap=0.0,
+             dlse=None, seqused_q=None, seqused_k=None):
+        return K.varlen_backward(dout, dlse, q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k, _VARLEN_MAX["q"],
+                                 _VARLEN_MAX["k"], sinks, softmax_scale, window, softcap, False)
+
+    def kv(q, k_cache, v_cache, seqlens_k, softmax_scale, window=(-1, -1), sinks=None, softcap=0.0,
+           cache_batch_idx=None, cache_leftpad=None, block_table=None, k_descale=None, v_descale=None):
+        return decode.launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                                    softmax_scale, window, softcap, 0, k_descale, v_descale)
+
+    reference.attention_forward = fwd
+    reference.attention_backward = bwd
+    reference.varlen_attention_forward = vfwd
+    reference.varlen_attention_backward = vbwd
+    reference.kvcache_attention = kv
+
+
+class _Floor(torch.autograd.Function):
+    """(out, lse)-shaped outputs and three gradients, no work: the autograd floor."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return torch.empty_like(q), q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return torch.empty_like(dout), torch.empty_like(dout), torch.empty_like(dout)
+
+
+def per_call_us(fn, n: int, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the mean time per call of ``n`` calls, after a warm-up."""
+    for _ in range(max(20, n // 10)):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t) / n * 1e6)
+    return statistics.median(times)
+
+
+def rows():
+    """(name, fn) per measured layer, outermost last in each group."""
+    from flashtile.kernels.decode import launch_decode
+
+    b, s, h, d = 1, 128, 4, 64
+    bf = torch.bfloat16
+    q, k, v = (torch.randn(b, s, h, d, dtype=bf) for _ in range(3))
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, s)
+    dout = torch.randn_like(q)
+    scale = 1 / math.sqrt(d)
+    kernel = launch.forward_kernel(d, d, "bfloat16", False, False)
+
+    def fwd_bwd():
+        o = flashtile.flash_attn_func(qg, kg, vg)
+        torch.autograd.grad(o, (qg, kg, vg), dout)
+
+    def floor_fwd_bwd():  # the autograd engine's own cost for a 3-input, 2-output node
+        o, _ = _Floor.apply(qg, kg, vg)
+        torch.autograd.grad(o, (qg, kg, vg), dout)
+
+    # varlen: 2 sequences of 64 tokens
+    tq = torch.randn(s, h, d, dtype=bf)
+    tk, tv = torch.randn(s, h, d, dtype=bf), torch.randn(s, h, d, dtype=bf)
+    tqg, tkg, tvg = (x.clone().requires_grad_() for x in (tq, tk, tv))
+    cu = torch.tensor([0, 64, 128], dtype=torch.int32)
+    _VARLEN_MAX.update(q=64, k=64)
+    tdout = torch.randn_like(tq)
+
+    def varlen_fwd_bwd():
+        o = flashtile.flash_attn_varlen_func(tqg, tkg, tvg, cu, cu, 64, 64)
+        torch.autograd.grad(o, (tqg, tkg, tvg), tdout)
+
+    # decode: B=1, one token, 32/8 heads, d=128, a 1k-key cache (as launch_overhead.py)
+    qd = torch.randn(1, 1, 32, 128, dtype=bf)
+    kc, vc = (torch.randn(1, 1024 + 64, 8, 128, dtype=bf) for _ in range(2))
+    kn, vn = (torch.randn(1, 1, 8, 128, dtype=bf) for _ in range(2))
+    lens = torch.full((1,), 1024, dtype=torch.int32)
+
+    return [
+        ("alloc: torch.empty x2 (CPU allocation floor)", lambda: (torch.empty_like(q), torch.empty(b, h, s))),
+        ("fwd: stub kernel call", lambda: kernel(q, k, v, out, lse, None, 0.18, 0.0, 1 << 30, 1 << 30)),
+        ("fwd: launch.launch_forward", lambda: launch.launch_forward(q, k, v, None, scale, (-1, -1), 0.0)),
+        ("fwd: kernels.forward (+checks, _prepare)", lambda: K.forward(q, k, v, None, scale, (-1, -1), 0.0)),
+        ("fwd: ops.attention", lambda: ops.attention(q, k, v, None, scale, -1, -1, 0.0, False)),
+        ("fwd: flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),
+        ("fwd: flash_attn_func, requires_grad", lambda: flashtile.flash_attn_func(qg, kg, vg)),
+        ("fwd+bwd: floor, empty autograd.Function + grad", floor_fwd_bwd),
+        ("fwd+bwd: kernels.backward", lambda: K.backward(dout, None, q, k, v, out, lse, None, scale, (-1, -1), 0.0, False)),
+        ("fwd+bwd: flash_attn_func + backward", fwd_bwd),
+        ("varlen: kernels.varlen_forward", lambda: K.varlen_forward(tq, tk, tv, cu, cu, None, None, 64, 64, None, scale, (-1, -1), 0.0)),
+        ("varlen: flash_attn_varlen_func, no grad", lambda: flashtile.flash_attn_varlen_func(tq, tk, tv, cu, cu, 64, 64)),
+        ("varlen: flash_attn_varlen_func + backward", varlen_fwd_bwd),
+        ("decode: launch_decode", lambda: launch_decode(qd, kc, vc, lens, None, None, None, None, 0.088, (-1, 0), 0.0)),
+        ("decode: flash_attn_with_kvcache, no new tokens", lambda: flashtile.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True)),
+        ("decode: flash_attn_with_kvcache, append 1 token", lambda: flashtile.flash_attn_with_kvcache(qd, kc, vc, k=kn, v=vn, cache_seqlens=lens, causal=True)),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=2000, help="calls per timing")
+    ap.add_argument("--rows", default="", help="only rows whose name contains this")
+    ap.add_argument("--profile", default=None, help="cProfile the row whose name contains this")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    install_stubs()
+    table = rows()
+    print(f"CPU host time per call (GPU parts stubbed), torch {torch.__version__}")
+    for name, fn in table:
+        if args.rows not in name:
+            continue
+        try:
+            print(f"{per_call_us(fn, args.n):9.1f} us  {name}", flush=True)
+        except Exception as e:  # a measurement tool: report and go on
+            print(f"   failed  {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    if args.profile:
+        name, fn = next((r for r in table if args.profile in r[0]))
+        for _ in range(50):
+            fn()
+        print(f"--- profile: {name}")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.n):
+            fn()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()

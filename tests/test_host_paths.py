@@ -1,0 +1,190 @@
+"""The eager fast paths that cut host time per call (issue 19, item 3): which path runs when,
+and that every path gives the same results.
+
+Plain eager calls skip the ``torch.library`` dispatch: inference (no grad needed) calls the
+implementation directly, training goes through an ``autograd.Function``; traced calls
+(``torch.compile(fullgraph=True)``) keep the custom ops.  The launcher memoises its kernel
+structures except while ``configs.overrides`` is set.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashtile
+from flashtile import kvcache, ops, varlen
+from flashtile.kernels import configs, launch
+
+FWD = torch.ops.flashtile.fwd.default
+
+
+def _qkv(grad=False, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 5, 4, 8, generator=g, dtype=dtype)
+    k = torch.randn(2, 7, 2, 8, generator=g, dtype=dtype)
+    v = torch.randn(2, 7, 2, 6, generator=g, dtype=dtype)
+    return tuple(x.requires_grad_(grad) for x in (q, k, v))
+
+
+def _forbid(monkeypatch, module, name):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{name} called in plain eager")
+
+    monkeypatch.setattr(module, name, refuse)
+
+
+def _graph_ops(fn, *args):
+    """The ``flashtile`` ops in the graph that torch.compile(fullgraph=True) traces for fn."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return out, [s for s in seen if "flashtile" in s]
+
+
+def test_inference_calls_the_implementation(monkeypatch):
+    q, k, v = _qkv()
+    want = FWD(q, k, v, None, 0.3, -1, 0, 0.0, False)
+    _forbid(monkeypatch, ops, "attention_fwd")
+    _forbid(monkeypatch, ops, "_eager_apply")
+    out, lse = flashtile.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, return_lse=True)
+    assert out.grad_fn is None and lse.grad_fn is None
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    with torch.no_grad():  # grad mode off: inputs requiring grad need no autograd either
+        qg, kg, vg = _qkv(grad=True)
+        assert torch.equal(flashtile.flash_attn_func(qg, kg, vg, softmax_scale=0.3, causal=True), want[0])
+
+
+def test_training_uses_the_eager_function(monkeypatch):
+    q, k, v = _qkv(grad=True)
+    _forbid(monkeypatch, ops, "attention_fwd")
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    q2, k2, v2 = (x.detach().requires_grad_() for x in (q, k, v))
+    monkeypatch.undo()
+    ref, _ = FWD(q2, k2, v2, None, 8 ** -0.5, -1, 0, 0.0, False)
+    assert torch.equal(out, ref)
+    for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q2, k2, v2))):
+        assert torch.equal(a, b)
+
+
+def test_compile_keeps_the_custom_op():
+    q, k, v = _qkv()
+    eager = flashtile.flash_attn_func(q, k, v, causal=True)
+    out, seen = _graph_ops(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True), q, k, v)
+    assert seen == ["flashtile.fwd.default"]
+    assert torch.equal(out, eager)
+
+
+def test_varlen_paths(monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(9, 2, 8, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
+    args = (cu, cu, 6, 6)
+    compiled, seen = _graph_ops(lambda q, k, v: flashtile.flash_attn_varlen_func(q, k, v, *args, causal=True), q, k, v)
+    assert seen == ["flashtile.varlen_fwd.default"]
+    _forbid(monkeypatch, varlen, "varlen_fwd")
+    _forbid(monkeypatch, varlen, "_eager_apply")
+    eager = flashtile.flash_attn_varlen_func(q, k, v, *args, causal=True)
+    assert eager.grad_fn is None and torch.equal(eager, compiled)
+    monkeypatch.undo()
+    _forbid(monkeypatch, varlen, "varlen_fwd")
+    qg = q.clone().requires_grad_()
+    out = flashtile.flash_attn_varlen_func(qg, k, v, *args, causal=True)
+    assert type(out.grad_fn).__name__ == "_EagerVarlenBackward" and torch.equal(out, eager)
+
+
+def _cache():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 1, 4, 8, generator=g)
+    kc, vc = (torch.randn(2, 16, 2, 8, generator=g) for _ in range(2))
+    kn, vn = (torch.randn(2, 1, 2, 8, generator=g) for _ in range(2))
+    lens = torch.tensor([5, 9], dtype=torch.int32)
+    return q, kc, vc, kn, vn, lens
+
+
+def test_kvcache_eager_skips_the_ops_and_matches_them(monkeypatch):
+    q, kc, vc, kn, vn, lens = _cache()
+    kc2, vc2 = kc.clone(), vc.clone()
+    # the ops, as a traced call runs them
+    kvcache.kvcache_append(kc2, vc2, kn, vn, lens, None, None, None, None)
+    want = kvcache.kvcache_fwd(q, kc2, vc2, lens + 1, None, None, None, None, 8 ** -0.5, -1, 0, 0.0, 0)
+    _forbid(monkeypatch, kvcache, "kvcache_append")
+    _forbid(monkeypatch, kvcache, "kvcache_fwd")
+    out, lse = flashtile.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True, return_lse=True)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # appended in place
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+
+
+def test_kvcache_compile_keeps_the_ops():
+    q, kc, vc, kn, vn, lens = _cache()
+    kc2, vc2 = kc.clone(), vc.clone()
+    eager = flashtile.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+
+    def step(q, kc, vc, kn, vn, lens):
+        return flashtile.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+
+    out, seen = _graph_ops(step, q, kc2, vc2, kn, vn, lens)
+    assert "flashtile.kvcache_fwd.default" in seen and any("kvcache_append" in s for s in seen)
+    assert torch.equal(out, eager) and torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+def test_kvcache_input_requiring_grad_takes_the_op(monkeypatch):
+    """No autograd in the direct path: a call that autograd would see keeps the op."""
+    q, kc, vc, _, _, lens = _cache()
+    calls = []
+    op = kvcache.kvcache_fwd
+    monkeypatch.setattr(kvcache, "kvcache_fwd", lambda *a: calls.append(1) or op(*a))
+    flashtile.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    assert calls == []
+    flashtile.flash_attn_with_kvcache(q.clone().requires_grad_(), kc, vc, cache_seqlens=lens)
+    assert calls == [1]
+
+
+def test_launch_structures_are_memoised_except_under_overrides(monkeypatch):
+    args = (64, 64, "bfloat16", False, False, "full", False, 132, "bfloat16")
+    first = launch._forward_structure(*args)
+    assert launch._forward_structure(*args) is first  # memoised
+    tuned = configs.FwdConfig(block_m=64, block_n=64, num_stages=1, threads=128)
+    monkeypatch.setitem(configs.overrides, "fwd", tuned)
+    assert launch._forward_structure(*args)[1] is tuned  # the tuning hook is honoured
+    monkeypatch.delitem(configs.overrides, "fwd")
+    assert launch._forward_structure(*args) is first
+    bwd = launch._backward_structures(64, 64, "bfloat16", False, False, True, "local", False)
+    assert bwd[3] == configs.bwd_config(64, 64, "bfloat16", "local", False) and bwd[2] is not None
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(causal=1), "causal must be a bool"),
+    (dict(window_size=(-2, 0)), "window_size left must be >= -1"),
+    (dict(window_size=[1, 2.0]), "window_size must be a pair of ints"),
+    (dict(softcap=float("nan")), "softcap must be a finite float"),
+    (dict(softcap=-1.0), "softcap must be a finite float"),
+    (dict(dropout_p=0.1), "dropout_p=0.1 is not supported"),
+    (dict(out_dtype=torch.float16), "out_dtype must be None or q's dtype"),
+])
+def test_fast_checks_still_refuse(bad, match):
+    """The validation's common-case shortcuts fall through to the named errors."""
+    q, k, v = _qkv()
+    with pytest.raises((TypeError, ValueError, NotImplementedError), match=match):
+        flashtile.flash_attn_func(q, k, v, **bad)
+
+
+def test_forward_ad_keeps_the_recorded_path():
+    """Dual tensors need not require grad: under an open forward-AD level the call is not
+    'inference', so it takes the autograd.Function as before the direct path (which refuses
+    forward mode loudly: no jvp) instead of silently dropping the tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    q, k, v = _qkv()
+    with fwAD.dual_level():
+        qd = fwAD.make_dual(q, torch.randn_like(q))
+        assert ops._needs_grad(qd, k, v)
+        with pytest.raises(NotImplementedError, match="jvp"):
+            flashtile.flash_attn_func(qd, k, v)
