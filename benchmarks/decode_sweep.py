@@ -1,6 +1,6 @@
 """A/B of decode tile parameters, one process (developer tool).
 
-    python3 benchmarks/decode_sweep.py --variants chunk_blocks=32 chunk_blocks=64 row_batch=0
+    python3 benchmarks/decode_sweep.py --variants chunk_blocks=32 chunk_blocks=64
     python3 benchmarks/decode_sweep.py --fp8 --variants by_row=1 by_row=1,self_widen=1
 
 Each variant (``decode.CFG_OVERRIDE``: parameters of whichever schedule runs, ``decode_kernel``
@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-BOOLS = ("by_row", "self_widen", "ring_rotate", "row_batch")
+BOOLS = ("by_row", "self_widen", "ring_rotate")
 
 
 def parse(v: str) -> dict:
