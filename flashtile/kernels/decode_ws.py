@@ -7,9 +7,10 @@ sat on the same warps as the softmax, with two cp.async stages (16 KB) in flight
 Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
 
 - a producer warpgroup streams key blocks of FP8 K and V rows from HBM into a ring of raw
-  stages by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
-  through the block table, so any page size works, as in ``decode.py``), ``num_stages - 1``
-  blocks ahead; it widens each landed block into one of ``wide_tiles`` fp16 tiles (``cvt`` of
+  stages, ``num_stages`` blocks ahead: by TMA (one box of ``block_n`` rows per K and V block)
+  when every block sits on one page (a contiguous cache, or pages of a multiple of ``block_n``
+  keys), else by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
+  through the block table, so any page size works, as in ``decode.py``); it widens each landed block into one of ``wide_tiles`` fp16 tiles (``cvt`` of
   e4m3 pairs; exact) and hands it over through a full/empty mbarrier pair;
 - two consumer warpgroups run the GEMMs (Q K^T, P V in fp16, fp32 accumulation) and the online
   softmax, as ``decode.py`` does, each for its own split of the key range: the CTA runs splits
@@ -69,7 +70,7 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
         for num_stages in (4, 3):
             if smem_bytes(dim, dim_v, block_n, num_stages, wide_tiles, cache_itemsize) <= SMEM_LIMIT - 2048:
                 return {"block_n": block_n, "num_stages": num_stages, "wide_tiles": wide_tiles,
-                        "by_row": cache_itemsize == 1}
+                        "by_row": cache_itemsize == 1, "tma": cache_itemsize == 1}
     raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
 
 
@@ -96,6 +97,7 @@ def decode_ws_kernel(
     by_row: bool = False,
     self_widen: bool = False,
     ring_rotate: bool = False,
+    tma: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -119,6 +121,8 @@ def decode_ws_kernel(
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
     assert by_row or not self_widen, "self_widen widens the pieces that by_row copies"
     assert widen or not ring_rotate, "a 16-bit ring is the WGMMA operand: its layout is the GEMM's"
+    assert widen or not tma, "the TMA producer feeds the widening (16-bit rings take cp.async)"
+    assert not (tma and ring_rotate), "TMA writes the raw ring unrotated"
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
     consumer_threads = CONSUMERS * 128
@@ -204,6 +208,41 @@ def decode_ws_kernel(
                     v_s[u % n_tiles, r, col + e] = T.cast(v_ring[u % num_stages, r, col + e], WIDE)
 
     @T.macro
+    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift):
+        """``tma``: the stream's ``u``-th block of K and V as one TMA box each (``block_n`` rows
+        of the cache from the block's first row: its keys sit on one page, which the kernel
+        checks before taking this producer), into raw stage ``u % num_stages``, completing ``raw_full`` with its bytes.
+        Rows past the entry's keys (or before its left padding) are read too, and zeroed by
+        ``widen_block``."""
+        if u < total:
+            n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
+            pg = T.alloc_var(T.int32, init=cache_page(n0, page_size, page_shift))
+            row0 = T.alloc_var(T.int32, init=BlockTable[tile.b, pg] * page_size + (n0 - pg * page_size))
+            T.tma_copy(K[row0:row0 + block_n, tile.hk, :], k_ring[u % num_stages, :, :], barrier=raw_full[u % num_stages])
+            T.tma_copy(V[row0:row0 + block_n, tile.hk, :], v_ring[u % num_stages, :, :], barrier=raw_full[u % num_stages])
+            T.barrier_arrive(raw_full[u % num_stages])
+
+    @T.macro
+    def widen_block(k_s, v_s, k_ring, v_ring, tile, u, n1, zero_outside):
+        """Raw stage ``u % num_stages`` widened into consumer tile ``u % n_tiles``.
+        ``zero_outside``: rows outside the entry's keys ``[lp, seqlen_k)`` become 0 (the TMA
+        producer reads whole blocks, whose rows there may hold stale or NaN bytes; the mask
+        gives those keys zero weight, and 0 * a finite V row stays 0)."""
+        if zero_outside:
+            n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
+            for i, c in T.Parallel(block_n, dim):
+                k_s[u % n_tiles, i, c] = T.if_then_else(T.And(n0 + i >= tile.lp, n0 + i < tile.seqlen_k),
+                                                        T.cast(k_ring[u % num_stages, i, c], WIDE), T.cast(0, WIDE))
+            for i, c in T.Parallel(block_n, dim_v):
+                v_s[u % n_tiles, i, c] = T.if_then_else(T.And(n0 + i >= tile.lp, n0 + i < tile.seqlen_k),
+                                                        T.cast(v_ring[u % num_stages, i, c], WIDE), T.cast(0, WIDE))
+        else:
+            for i, c in T.Parallel(block_n, dim):
+                k_s[u % n_tiles, i, c] = T.cast(k_ring[u % num_stages, i, c], WIDE)
+            for i, c in T.Parallel(block_n, dim_v):
+                v_s[u % n_tiles, i, c] = T.cast(v_ring[u % num_stages, i, c], WIDE)
+
+    @T.macro
     def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift):
         """The stream's ``u``-th block: ``by_row``, each thread looks up one key row and copies
         its share; else the block's rows are looked up into ``rows_s``, then (one producer barrier
@@ -216,6 +255,49 @@ def decode_ws_kernel(
             T.sync_threads(PRODUCER_SYNC, 128)
             issue(K, k_ring, rows_s, tile, u, total, pt, k_copies)
             issue(V, v_ring, rows_s, tile, u, total, pt, v_copies)
+
+    @T.macro
+    def tma_producer(K, V, k_ring, v_ring, k_s, v_s, raw_full, full, empty, BlockTable, tile, total, n1, page_size,
+                     page_shift):
+        """The widening producer fed by TMA (``tma_issue``), ``num_stages`` blocks in flight."""
+        for u in T.serial(num_stages):
+            tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift)
+        for u in T.serial(total):
+            T.barrier_wait(raw_full[u % num_stages], (u // num_stages) & 1)
+            T.barrier_wait(empty[u % n_tiles], ((u // n_tiles) & 1) ^ 1)  # a fresh barrier passes parity 1
+            widen_block(k_s, v_s, k_ring, v_ring, tile, u, n1, True)
+            T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+            T.barrier_arrive(full[u % n_tiles])
+            # Every producer thread is done reading raw stage u % num_stages: refill it (the
+            # generic-proxy reads ordered before the TMA's async-proxy writes).
+            T.sync_threads(PRODUCER_SYNC, 128)
+            T.fence_proxy_async()
+            tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u + num_stages, total, n1, page_size, page_shift)
+
+    @T.macro
+    def copy_producer(K, V, k_ring, v_ring, k_s, v_s, rows_s, full, empty, BlockTable, tile, total, n1, pt, page_size,
+                      page_shift):
+        """The widening producer fed by per-thread cp.async (``fetch``), ``num_stages - 1``
+        blocks in flight."""
+        for u in T.serial(num_stages - 1):
+            fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift)
+            T.ptx_commit_group()  # (empty past the last block: group counts stay in step)
+        for u in T.serial(total):
+            # This thread's copies of block u have landed; after fetch's barrier, every
+            # thread's have, and every thread is done widening block u - 1 out of the stage
+            # that the next copies reuse (and reading rows_s of u - 1).
+            T.ptx_wait_group(num_stages - 2)
+            if by_row and not self_widen:  # (coalesced copies: fetch's own barrier, after its row lookup)
+                T.sync_threads(PRODUCER_SYNC, 128)
+            fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u + num_stages - 1, total, n1, pt, page_size, page_shift)
+            T.ptx_commit_group()
+            T.barrier_wait(empty[u % n_tiles], ((u // n_tiles) & 1) ^ 1)  # a fresh barrier passes parity 1
+            if self_widen:
+                widen_own(k_s, v_s, k_ring, v_ring, u, pt)
+            else:
+                widen_block(k_s, v_s, k_ring, v_ring, tile, u, n1, False)
+            T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+            T.barrier_arrive(full[u % n_tiles])
 
     @T.macro
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
@@ -236,6 +318,8 @@ def decode_ws_kernel(
             # filled it (128 arrivals), empty when its consumer's GEMMs have read it (128).
             full = T.alloc_barrier(arrive_count=[128] * n_tiles)
             empty = T.alloc_barrier(arrive_count=[128] * n_tiles)
+            if tma:  # raw stage s holds the stream's block: the producer's 128 arrivals and its TMA bytes
+                raw_full = T.alloc_barrier(arrive_count=[128] * num_stages)
 
             if ring_rotate:  # row i's 16-byte pieces rotated by i: by-row copies spread over the banks
                 T.annotate_layout({
@@ -257,29 +341,18 @@ def decode_ws_kernel(
                 pt = tx - consumer_threads
                 total = tile.my_blocks + n1
 
-                if widen:
-                    for u in T.serial(num_stages - 1):
-                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift)
-                        T.ptx_commit_group()  # (empty past the last block: group counts stay in step)
-                    for u in T.serial(total):
-                        # This thread's copies of block u have landed; after fetch's barrier,
-                        # every thread's have, and every thread is done widening block u - 1 out
-                        # of the stage that the next copies reuse (and reading rows_s of u - 1).
-                        T.ptx_wait_group(num_stages - 2)
-                        if by_row and not self_widen:  # (coalesced copies: fetch's own barrier, after its row lookup)
-                            T.sync_threads(PRODUCER_SYNC, 128)
-                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u + num_stages - 1, total, n1, pt, page_size, page_shift)
-                        T.ptx_commit_group()
-                        T.barrier_wait(empty[u % n_tiles], ((u // n_tiles) & 1) ^ 1)  # a fresh barrier passes parity 1
-                        if self_widen:
-                            widen_own(k_s, v_s, k_ring, v_ring, u, pt)
-                        else:
-                            for i, c in T.Parallel(block_n, dim):
-                                k_s[u % n_tiles, i, c] = T.cast(k_ring[u % num_stages, i, c], WIDE)
-                            for i, c in T.Parallel(block_n, dim_v):
-                                v_s[u % n_tiles, i, c] = T.cast(v_ring[u % num_stages, i, c], WIDE)
-                        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-                        T.barrier_arrive(full[u % n_tiles])
+                if widen and tma:
+                    # TMA copies when every key block sits on one page (a contiguous cache, or
+                    # pages of a multiple of block_n keys), else cp.async through the block table.
+                    if T.Or(page_shift == 31, page_size % block_n == 0):
+                        tma_producer(K, V, k_ring, v_ring, k_s, v_s, raw_full, full, empty, BlockTable, tile, total, n1,
+                                     page_size, page_shift)
+                    else:
+                        copy_producer(K, V, k_ring, v_ring, k_s, v_s, rows_s, full, empty, BlockTable, tile, total, n1,
+                                      pt, page_size, page_shift)
+                elif widen:
+                    copy_producer(K, V, k_ring, v_ring, k_s, v_s, rows_s, full, empty, BlockTable, tile, total, n1, pt,
+                                  page_size, page_shift)
                 else:
                     for u in T.serial(total):
                         T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)
