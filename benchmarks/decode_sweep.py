@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-BOOLS = ("by_row", "self_widen", "ring_rotate")
+BOOLS = ("by_row", "self_widen", "ring_rotate", "tma")
 
 
 def parse(v: str) -> dict:
