@@ -611,14 +611,16 @@ def test_fp8_opcheck(gen):
 @pytest.mark.parametrize("d,dv,dtype,sinks,softcap", [(128, 128, "bfloat16", False, False), (192, 128, "float16", True, True)],
                          ids=lambda x: str(x))
 def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
-    """The FP8-cache decode kernel (decode_ws): FP8 bytes through explicit cp.async (16-byte
-    copies) by a producer warpgroup, widened to fp16 pairwise (one cvt per two values) for the
-    fp16 WGMMAs of two consumer warpgroups, handed over through mbarriers."""
+    """The FP8-cache decode kernel (decode_ws): FP8 bytes through TMA (one box per K/V block,
+    pages of whole blocks) or explicit cp.async (16-byte copies, any page size) by a producer
+    warpgroup, widened to fp16 pairwise (one cvt per two values) for the fp16 WGMMAs of two
+    consumer warpgroups, handed over through mbarriers."""
     from flashtile.kernels.decode import get_decode_kernels
 
     decode, _ = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")
     src = decode.get_kernel_source()
     assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "cp_async_wait<" in src
+    assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "expect_transaction" in src
     assert "__tl_cvt_fp8x2_to_half2" in src and "wgmma_ss<tl::DataType::kFloat16" in src
     # a producer and two consumer warpgroups, registers moved to the consumers
     assert "fence_proxy_async" in src and "__launch_bounds__(384, 1)" in src and "warpgroup_reg_alloc" in src
