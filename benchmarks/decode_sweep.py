@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-BOOLS = ("by_row", "self_widen", "ring_rotate", "tma")
+BOOLS = ("by_row", "self_widen", "ring_rotate", "tma", "consumer_widen")
 
 
 def parse(v: str) -> dict:

@@ -613,13 +613,13 @@ def test_fp8_opcheck(gen):
 def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
     """The FP8-cache decode kernel (decode_ws): FP8 bytes through TMA (one box per K/V block,
     pages of whole blocks) or explicit cp.async (16-byte copies, any page size) by a producer
-    warpgroup, widened to fp16 pairwise (one cvt per two values) for the fp16 WGMMAs of two
-    consumer warpgroups, handed over through mbarriers."""
+    warpgroup into a raw ring handed over through mbarriers; each of two consumer warpgroups
+    widens its blocks to fp16 pairwise (one cvt per two values) for its fp16 WGMMAs."""
     from flashtile.kernels.decode import get_decode_kernels
 
     decode, _ = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")
     src = decode.get_kernel_source()
-    assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "cp_async_wait<" in src
+    assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "mbarrier_cp_async_arrive_noinc" in src
     assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "expect_transaction" in src
     assert "__tl_cvt_fp8x2_to_half2" in src and "wgmma_ss<tl::DataType::kFloat16" in src
     # a producer and two consumer warpgroups, registers moved to the consumers

@@ -44,6 +44,7 @@ from .target import TARGET, WS_PASS_CONFIGS
 FULL_ROW = T.GemmWarpPolicy.FullRow
 WIDE = "float16"  # the WGMMAs' operand type over an FP8 cache (see the module docstring)
 PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own use low ids)
+CONSUMER_SYNC = 11  # named barriers 11, 12: one per consumer warpgroup (consumer_widen)
 COPY_BYTES = 16  # one cp.async
 CONSUMERS = 2  # consumer warpgroups, one split each
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on Hopper
@@ -66,6 +67,11 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
     took the schedule from 82% to 95% of the bandwidth."""
     width = max(dim, dim_v)
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
+    if cache_itemsize == 1:  # FP8: the consumers widen (one fp16 tile each), TMA where pages allow
+        for num_stages in range(8, 2, -1):
+            if smem_bytes(dim, dim_v, block_n, num_stages, CONSUMERS, 1) <= SMEM_LIMIT - 2048:
+                return {"block_n": block_n, "num_stages": num_stages, "wide_tiles": CONSUMERS, "by_row": True,
+                        "tma": True, "consumer_widen": True}
     for wide_tiles in (4, 2):
         for num_stages in (4, 3):
             if smem_bytes(dim, dim_v, block_n, num_stages, wide_tiles, cache_itemsize) <= SMEM_LIMIT - 2048:
@@ -98,6 +104,7 @@ def decode_ws_kernel(
     self_widen: bool = False,
     ring_rotate: bool = False,
     tma: bool = False,
+    consumer_widen: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -123,6 +130,9 @@ def decode_ws_kernel(
     assert widen or not ring_rotate, "a 16-bit ring is the WGMMA operand: its layout is the GEMM's"
     assert widen or not tma, "the TMA producer feeds the widening (16-bit rings take cp.async)"
     assert not (tma and ring_rotate), "TMA writes the raw ring unrotated"
+    assert not consumer_widen or (tma and widen and by_row and not self_widen and not ring_rotate), \
+        "consumer_widen: TMA or by-row cp.async into the raw ring, widened by the consumers"
+    assert not consumer_widen or wide_tiles == CONSUMERS, "consumer_widen: one fp16 tile per consumer"
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
     consumer_threads = CONSUMERS * 128
@@ -257,6 +267,39 @@ def decode_ws_kernel(
             issue(V, v_ring, rows_s, tile, u, total, pt, v_copies)
 
     @T.macro
+    def widen_mine(k_s, v_s, k_ring, v_ring, tile, u, n1, ct, wg):
+        """``consumer_widen``: consumer warpgroup ``wg`` (thread ``ct`` of 128) widens the raw
+        stage of the stream's ``u``-th block into its own fp16 tile, 8 values per copy, rows
+        outside the entry's keys as 0 (``widen_block``)."""
+        n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
+        for X_s, X_ring, width in ((k_s, k_ring, dim), (v_s, v_ring, dim_v)):
+            pieces = block_n * width // 8  # 8-value pieces of the block
+            # Unrolled: every shared-memory load of the block in flight before its conversions.
+            for it in T.unroll(T.ceildiv(pieces, 128)):
+                if pieces % 128 == 0 or it * 128 + ct < pieces:
+                    r = (it * 128 + ct) // (width // 8)
+                    c0 = (it * 128 + ct) % (width // 8) * 8
+                    for e in T.vectorized(8):
+                        X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
+                                                            T.cast(X_ring[u % num_stages, r, c0 + e], WIDE),
+                                                            T.cast(0, WIDE))
+
+    @T.macro
+    def raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size, page_shift,
+                     by_tma):
+        """``consumer_widen``: the producer only copies, ``num_stages`` blocks ahead of the
+        consumers: by TMA (``by_tma``) or by-row cp.async, each thread's arrival on the stage's
+        full barrier when its copies land.  A stage is refilled once its consumer has widened it."""
+        for u in T.serial(total):
+            T.barrier_wait(raw_empty[u % num_stages], ((u // num_stages) & 1) ^ 1)  # a fresh barrier passes parity 1
+            if by_tma:
+                tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift)
+            else:
+                issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, total, stream_block(u, n1, tile.kb_first, tile.per_split),
+                             pt, page_size, page_shift)
+                T.cp_async_barrier_noinc(raw_full[u % num_stages])
+
+    @T.macro
     def tma_producer(K, V, k_ring, v_ring, k_s, v_s, raw_full, full, empty, BlockTable, tile, total, n1, page_size,
                      page_shift):
         """The widening producer fed by TMA (``tma_issue``), ``num_stages`` blocks in flight."""
@@ -320,6 +363,8 @@ def decode_ws_kernel(
             empty = T.alloc_barrier(arrive_count=[128] * n_tiles)
             if tma:  # raw stage s holds the stream's block: the producer's 128 arrivals and its TMA bytes
                 raw_full = T.alloc_barrier(arrive_count=[128] * num_stages)
+            if consumer_widen:  # raw stage s widened by the consumer warpgroup whose block it held
+                raw_empty = T.alloc_barrier(arrive_count=[128] * num_stages)
 
             if ring_rotate:  # row i's 16-byte pieces rotated by i: by-row copies spread over the banks
                 T.annotate_layout({
@@ -341,7 +386,10 @@ def decode_ws_kernel(
                 pt = tx - consumer_threads
                 total = tile.my_blocks + n1
 
-                if widen and tma:
+                if consumer_widen:
+                    raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size,
+                                 page_shift, T.Or(page_shift == 31, page_size % block_n == 0))
+                elif widen and tma:
                     # TMA copies when every key block sits on one page (a contiguous cache, or
                     # pages of a multiple of block_n keys), else cp.async through the block table.
                     if T.Or(page_shift == 31, page_size % block_n == 0):
@@ -365,17 +413,29 @@ def decode_ws_kernel(
                 T.fill(m, neg_inf)
                 for i in T.serial(tile.my_blocks):
                     u = stream_index(i, wg, n1)
-                    T.barrier_wait(full[u % n_tiles], (u // n_tiles) & 1)
+                    if consumer_widen:
+                        # Widen this block into our own tile (our previous GEMMs have finished
+                        # reading it), release the raw stage, then one barrier of our 128
+                        # threads before the WGMMAs read the whole tile.
+                        T.barrier_wait(raw_full[u % num_stages], (u // num_stages) & 1)
+                        widen_mine(k_s, v_s, k_ring, v_ring, tile, u, n1, tx % 128, wg)
+                        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+                        T.barrier_arrive(raw_empty[u % num_stages])
+                        T.sync_threads(CONSUMER_SYNC + wg, 128)
+                    else:
+                        T.barrier_wait(full[u % n_tiles], (u // n_tiles) & 1)
                     if not widen:
                         T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
-                    T.gemm(q_s, k_s[u % n_tiles, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    T.gemm(q_s, k_s[wg if consumer_widen else u % n_tiles, :, :], s, transpose_B=True, clear_accum=True,
+                           policy=FULL_ROW)
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
                            tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
                     T.copy(s, p)
                     for r, c in T.Parallel(rows, dim_v):
                         o[r, c] *= alpha[r]
-                    T.gemm(p, v_s[u % n_tiles, :, :], o, policy=FULL_ROW)
-                    T.barrier_arrive(empty[u % n_tiles])
+                    T.gemm(p, v_s[wg if consumer_widen else u % n_tiles, :, :], o, policy=FULL_ROW)
+                    if not consumer_widen:
+                        T.barrier_arrive(empty[u % n_tiles])
                 store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
                       lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
 
