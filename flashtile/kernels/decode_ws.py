@@ -267,11 +267,13 @@ def decode_ws_kernel(
             issue(V, v_ring, rows_s, tile, u, total, pt, v_copies)
 
     @T.macro
-    def widen_mine(k_s, v_s, k_ring, v_ring, tile, u, n1, ct, wg):
+    def widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, ct, wg):
         """``consumer_widen``: consumer warpgroup ``wg`` (thread ``ct`` of 128) widens the raw
-        stage of the stream's ``u``-th block into its own fp16 tile, 8 values per copy, rows
-        outside the entry's keys as 0 (``widen_block``)."""
-        n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
+        stage of the stream's ``u``-th block, its own ``i``-th, into its own fp16 tile, 8 values
+        per copy, rows outside the entry's keys as 0 (``widen_block``)."""
+        # The block's first key from this warpgroup's own split (``stream_block`` takes split
+        # 2c's registers, which only the producer and warpgroup 0 hold).
+        n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
         for X_s, X_ring, width in ((k_s, k_ring, dim), (v_s, v_ring, dim_v)):
             pieces = block_n * width // 8  # 8-value pieces of the block
             # Unrolled: every shared-memory load of the block in flight before its conversions.
@@ -418,7 +420,7 @@ def decode_ws_kernel(
                         # reading it), release the raw stage, then one barrier of our 128
                         # threads before the WGMMAs read the whole tile.
                         T.barrier_wait(raw_full[u % num_stages], (u // num_stages) & 1)
-                        widen_mine(k_s, v_s, k_ring, v_ring, tile, u, n1, tx % 128, wg)
+                        widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, tx % 128, wg)
                         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
                         T.barrier_arrive(raw_empty[u % num_stages])
                         T.sync_threads(CONSUMER_SYNC + wg, 128)
