@@ -1,7 +1,7 @@
 """A/B of decode tile parameters, one process (developer tool).
 
     python3 benchmarks/decode_sweep.py --variants chunk_blocks=32 chunk_blocks=64
-    python3 benchmarks/decode_sweep.py --fp8 --variants by_row=1 by_row=1,self_widen=1
+    python3 benchmarks/decode_sweep.py --fp8 --variants num_stages=4 num_stages=3
 
 Each variant (``decode.CFG_OVERRIDE``: parameters of whichever schedule runs, ``decode_kernel``
 for a bf16 cache, ``decode_ws.decode_ws_kernel`` with ``--fp8``) times flash_attn_with_kvcache
@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-BOOLS = ("by_row", "self_widen", "ring_rotate", "tma", "consumer_widen")
+BOOLS = ("by_row",)
 
 
 def parse(v: str) -> dict:

@@ -429,7 +429,7 @@ def test_ws_schedule_fits_one_cta_per_sm(d, dv, cache):
 
     item = 1 if cache.startswith("float8") else 2
     cfg = ws_config(d, dv, item)
-    assert smem_bytes(d, dv, cfg["block_n"], cfg["num_stages"], cfg["wide_tiles"], item) <= 227 * 1024 - 2048, cfg
+    assert smem_bytes(d, dv, cfg["block_n"], cfg["num_stages"], item) <= 227 * 1024 - 2048, cfg
     assert 128 % cfg["block_n"] == 0 and cfg["num_stages"] >= 3, cfg
 
 

@@ -10,15 +10,19 @@ Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
   stages, ``num_stages`` blocks ahead: by TMA (one box of ``block_n`` rows per K and V block)
   when every block sits on one page (a contiguous cache, or pages of a multiple of ``block_n``
   keys), else by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
-  through the block table, so any page size works, as in ``decode.py``); it widens each landed block into one of ``wide_tiles`` fp16 tiles (``cvt`` of
-  e4m3 pairs; exact) and hands it over through a full/empty mbarrier pair;
-- two consumer warpgroups run the GEMMs (Q K^T, P V in fp16, fp32 accumulation) and the online
-  softmax, as ``decode.py`` does, each for its own split of the key range: the CTA runs splits
-  ``2c`` and ``2c + 1`` and the producer interleaves their blocks, so one consumer's softmax
-  runs under the other's GEMMs.  (With one consumer the kernel reached 1.21-1.27x the bf16
-  cache's speed, 61% of the bandwidth: the consumer's step -- two synchronous WGMMAs on a
-  64-row tile and the softmax -- set the pace, not the loads.)  Both write fp32 partials, which
-  ``combine.py`` merges, so an FP8 cache always runs an even number of splits.
+  through the block table, so any page size works, as in ``decode.py``), each stage's full
+  mbarrier completed by the copies themselves;
+- two consumer warpgroups each run their own split of the key range (the CTA runs splits
+  ``2c`` and ``2c + 1``; the producer interleaves their blocks): a consumer widens its block
+  from the raw stage into its own fp16 tile (``cvt`` of e4m3 pairs, exact; rows outside the
+  sequence as 0), releases the stage, and runs the GEMMs (Q K^T, P V in fp16, fp32
+  accumulation) and the online softmax as ``decode.py`` does, so one consumer's widening and
+  softmax run under the other's GEMMs.  Both write fp32 partials, which ``combine.py`` merges,
+  so an FP8 cache always runs an even number of splits.
+
+Measured on an H100 (B=8 32k, FP8 vs the bf16 cache): 1.53x with the consumers widening
+(74% of the bandwidth); the producer widening every block was its own serial chain (1.24x with
+per-thread copies, 1.33x with TMA), and a single consumer set the pace before that (1.21-1.27x).
 
 The WGMMA operands are fp16 whatever q's dtype: every e4m3 value is exact in fp16 and the
 conversion is one instruction per pair (to bf16 it is three), so q is converted to fp16 in the
@@ -30,8 +34,8 @@ A 16-bit cache can take the same schedule (``cache_dtype == dtype``: no widening
 consumers read the ring; ``decode.WS_16BIT``, a developer switch: it measured slower than
 ``decode.py`` with one consumer).
 
-Shared memory at d = 128, 64-key blocks: Q tile twice (32 KB) + 3 raw stages (48 KB) + four fp16
-K/V tiles (128 KB) = 208 KB, one CTA (384 threads) per SM.
+Shared memory at d = 128, 64-key blocks: Q tile twice (32 KB) + 4 raw stages (64 KB) + two fp16
+K/V tiles (64 KB) = 160 KB, one CTA (384 threads) per SM.
 """
 
 import tilelang
@@ -44,7 +48,7 @@ from .target import TARGET, WS_PASS_CONFIGS
 FULL_ROW = T.GemmWarpPolicy.FullRow
 WIDE = "float16"  # the WGMMAs' operand type over an FP8 cache (see the module docstring)
 PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own use low ids)
-CONSUMER_SYNC = 11  # named barriers 11, 12: one per consumer warpgroup (consumer_widen)
+CONSUMER_SYNC = 11  # named barriers 11, 12: one per consumer warpgroup (FP8: after its widening)
 COPY_BYTES = 16  # one cp.async
 CONSUMERS = 2  # consumer warpgroups, one split each
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on Hopper
@@ -56,35 +60,27 @@ PRODUCER_REGS, CONSUMER_REGS = 64, 208
 
 def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
     """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
-    a block's FP8 K+V is 16 KB at d = dim_v); as many ring stages (up to 4) and widened tiles
-    (4, else 2) as fit in shared memory.
+    a block's FP8 K+V is 16 KB at d = dim_v); 4 raw stages (3 where shared memory is short).
 
     The copies: ``by_row`` (each producer thread looks up one key row and copies a share of it)
-    for FP8 caches, warp-coalesced through a row table for 16-bit ones.  Measured on an H100
-    (B=8, 32k keys, FP8, `decode-ws-sweep/`): by row 1.25x the bf16 cache's speed, coalesced
-    1.09x (its row lookup and barrier sit on the producer's serial path; 3, 5 or 7 raw stages
-    changed nothing: loads in flight are not the limit); over a bf16 cache the coalesced copies
-    took the schedule from 82% to 95% of the bandwidth."""
+    for FP8 caches whose pages are smaller than a block (pages of whole blocks take TMA),
+    warp-coalesced through a row table for 16-bit ones.  Measured on an H100 (FP8, B=8 32k,
+    `h100-2026-11-23f/`): the consumers widening their own blocks 1.53x the bf16 cache's speed,
+    the producer widening them 1.33x with TMA and 1.24x with by-row copies; 4 raw stages as
+    fast as 7 or faster."""
     width = max(dim, dim_v)
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
-    if cache_itemsize == 1:  # FP8: the consumers widen (one fp16 tile each), TMA where pages allow
-        for num_stages in range(8, 2, -1):
-            if smem_bytes(dim, dim_v, block_n, num_stages, CONSUMERS, 1) <= SMEM_LIMIT - 2048:
-                return {"block_n": block_n, "num_stages": num_stages, "wide_tiles": CONSUMERS, "by_row": True,
-                        "tma": True, "consumer_widen": True}
-    for wide_tiles in (4, 2):
-        for num_stages in (4, 3):
-            if smem_bytes(dim, dim_v, block_n, num_stages, wide_tiles, cache_itemsize) <= SMEM_LIMIT - 2048:
-                return {"block_n": block_n, "num_stages": num_stages, "wide_tiles": wide_tiles,
-                        "by_row": cache_itemsize == 1, "tma": cache_itemsize == 1}
+    for num_stages in (4, 3):
+        if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize) <= SMEM_LIMIT - 2048:
+            return {"block_n": block_n, "num_stages": num_stages, "by_row": cache_itemsize == 1}
     raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
 
 
-def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, wide_tiles: int, cache_itemsize: int = 1) -> int:
+def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, cache_itemsize: int = 1) -> int:
     """Shared memory of one CTA: the 16-bit Q tile (twice: one per consumer), the ring of K/V
-    stages in the cache's element size, the widened fp16 K/V tiles when the cache is FP8, row
-    tables."""
-    widened = wide_tiles * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
+    stages in the cache's element size, one widened fp16 K/V tile per consumer when the cache is
+    FP8, row tables."""
+    widened = CONSUMERS * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
     return (CONSUMERS * BLOCK_M * dim * 2 + num_stages * block_n * (dim + dim_v) * cache_itemsize + widened
             + 4 * CONSUMERS * BLOCK_M * 4)
 
@@ -98,13 +94,8 @@ def decode_ws_kernel(
     has_softcap: bool,
     block_n: int = 64,
     num_stages: int = 4,
-    wide_tiles: int = 4,
     cache_dtype: str = "float8_e4m3fn",
     by_row: bool = False,
-    self_widen: bool = False,
-    ring_rotate: bool = False,
-    tma: bool = False,
-    consumer_widen: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -113,10 +104,11 @@ def decode_ws_kernel(
     Q rows and the block stream (the producer interleaves their blocks), and write partials
     that ``combine.py`` merges.
 
-    Not yet measured (for ``benchmarks/decode_sweep.py --fp8``; the defaults' generated CUDA does
-    not change with them): ``self_widen``, each producer thread widens the pieces it copied
-    itself (no producer barrier per block), and ``ring_rotate``, the raw ring's 16-byte pieces
-    rotated by row so that by-row copies and reads do not all hit the same banks.
+    An FP8 cache: the producer copies FP8 blocks into the raw ring (TMA when every key block
+    sits on one page, else by-row cp.async) and each consumer widens its own blocks into its
+    own fp16 tile.  (Tried and measured slower, then removed: the producer widening every block
+    (1.24-1.33x the bf16 cache against 1.53x), each producer thread widening its own copies,
+    and the raw ring rotated against bank conflicts: NOTES, fifth and sixth sessions.)
 
     ``cache_dtype == dtype`` (a 16-bit cache) is the same schedule without the widening: the
     consumers read the ring's stages themselves, each stage's full barrier completed by the
@@ -126,18 +118,12 @@ def decode_ws_kernel(
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
-    assert by_row or not self_widen, "self_widen widens the pieces that by_row copies"
-    assert widen or not ring_rotate, "a 16-bit ring is the WGMMA operand: its layout is the GEMM's"
-    assert widen or not tma, "the TMA producer feeds the widening (16-bit rings take cp.async)"
-    assert not (tma and ring_rotate), "TMA writes the raw ring unrotated"
-    assert not consumer_widen or (tma and widen and by_row and not self_widen and not ring_rotate), \
-        "consumer_widen: TMA or by-row cp.async into the raw ring, widened by the consumers"
-    assert not consumer_widen or wide_tiles == CONSUMERS, "consumer_widen: one fp16 tile per consumer"
+    assert by_row or not widen, "an FP8 ring's non-TMA copies are by row"
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
     consumer_threads = CONSUMERS * 128
     wide = WIDE if widen else dtype  # the WGMMAs' operand type
-    n_tiles = wide_tiles if widen else num_stages  # the tiles the consumers read
+    n_tiles = num_stages  # a 16-bit cache: the consumers read the ring's stages
     per_row = 128 // block_n  # producer threads per key row (by_row copies)
     k_copies, v_copies = dim // per_copy, dim_v // per_copy  # 16-byte copies per row
     neg_inf = -T.infinity(acc)
@@ -200,30 +186,12 @@ def decode_ws_kernel(
                                    T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
-    def widen_own(k_s, v_s, k_ring, v_ring, u, pt):
-        """``self_widen``: this thread widens exactly the pieces it copied (``issue_by_row``'s
-        mapping), so its own ``cp.async.wait_group`` is the only wait: no producer barrier, and
-        the stage it refills next holds only its own bytes."""
-        r = pt // per_row
-        sub = pt % per_row
-        for c in T.serial(T.ceildiv(k_copies, per_row)):
-            if k_copies % per_row == 0 or sub + c * per_row < k_copies:
-                col = (sub + c * per_row) * per_copy
-                for e in T.vectorized(per_copy):
-                    k_s[u % n_tiles, r, col + e] = T.cast(k_ring[u % num_stages, r, col + e], WIDE)
-        for c in T.serial(T.ceildiv(v_copies, per_row)):
-            if v_copies % per_row == 0 or sub + c * per_row < v_copies:
-                col = (sub + c * per_row) * per_copy
-                for e in T.vectorized(per_copy):
-                    v_s[u % n_tiles, r, col + e] = T.cast(v_ring[u % num_stages, r, col + e], WIDE)
-
-    @T.macro
     def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift):
-        """``tma``: the stream's ``u``-th block of K and V as one TMA box each (``block_n`` rows
+        """The stream's ``u``-th block of K and V as one TMA box each (``block_n`` rows
         of the cache from the block's first row: its keys sit on one page, which the kernel
         checks before taking this producer), into raw stage ``u % num_stages``, completing ``raw_full`` with its bytes.
         Rows past the entry's keys (or before its left padding) are read too, and zeroed by
-        ``widen_block``."""
+        ``widen_mine``."""
         if u < total:
             n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
             pg = T.alloc_var(T.int32, init=cache_page(n0, page_size, page_shift))
@@ -231,26 +199,6 @@ def decode_ws_kernel(
             T.tma_copy(K[row0:row0 + block_n, tile.hk, :], k_ring[u % num_stages, :, :], barrier=raw_full[u % num_stages])
             T.tma_copy(V[row0:row0 + block_n, tile.hk, :], v_ring[u % num_stages, :, :], barrier=raw_full[u % num_stages])
             T.barrier_arrive(raw_full[u % num_stages])
-
-    @T.macro
-    def widen_block(k_s, v_s, k_ring, v_ring, tile, u, n1, zero_outside):
-        """Raw stage ``u % num_stages`` widened into consumer tile ``u % n_tiles``.
-        ``zero_outside``: rows outside the entry's keys ``[lp, seqlen_k)`` become 0 (the TMA
-        producer reads whole blocks, whose rows there may hold stale or NaN bytes; the mask
-        gives those keys zero weight, and 0 * a finite V row stays 0)."""
-        if zero_outside:
-            n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
-            for i, c in T.Parallel(block_n, dim):
-                k_s[u % n_tiles, i, c] = T.if_then_else(T.And(n0 + i >= tile.lp, n0 + i < tile.seqlen_k),
-                                                        T.cast(k_ring[u % num_stages, i, c], WIDE), T.cast(0, WIDE))
-            for i, c in T.Parallel(block_n, dim_v):
-                v_s[u % n_tiles, i, c] = T.if_then_else(T.And(n0 + i >= tile.lp, n0 + i < tile.seqlen_k),
-                                                        T.cast(v_ring[u % num_stages, i, c], WIDE), T.cast(0, WIDE))
-        else:
-            for i, c in T.Parallel(block_n, dim):
-                k_s[u % n_tiles, i, c] = T.cast(k_ring[u % num_stages, i, c], WIDE)
-            for i, c in T.Parallel(block_n, dim_v):
-                v_s[u % n_tiles, i, c] = T.cast(v_ring[u % num_stages, i, c], WIDE)
 
     @T.macro
     def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift):
@@ -268,9 +216,11 @@ def decode_ws_kernel(
 
     @T.macro
     def widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, ct, wg):
-        """``consumer_widen``: consumer warpgroup ``wg`` (thread ``ct`` of 128) widens the raw
+        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens the raw
         stage of the stream's ``u``-th block, its own ``i``-th, into its own fp16 tile, 8 values
-        per copy, rows outside the entry's keys as 0 (``widen_block``)."""
+        per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads whole
+        blocks, whose rows there may hold stale or NaN bytes (by-row copies load the nearest
+        valid key instead); the mask gives those keys zero weight, and 0 * a finite V row is 0."""
         # The block's first key from this warpgroup's own split (``stream_block`` takes split
         # 2c's registers, which only the producer and warpgroup 0 hold).
         n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
@@ -289,7 +239,7 @@ def decode_ws_kernel(
     @T.macro
     def raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size, page_shift,
                      by_tma):
-        """``consumer_widen``: the producer only copies, ``num_stages`` blocks ahead of the
+        """The FP8 producer only copies, ``num_stages`` blocks ahead of the
         consumers: by TMA (``by_tma``) or by-row cp.async, each thread's arrival on the stage's
         full barrier when its copies land.  A stage is refilled once its consumer has widened it."""
         for u in T.serial(total):
@@ -302,49 +252,6 @@ def decode_ws_kernel(
                 T.cp_async_barrier_noinc(raw_full[u % num_stages])
 
     @T.macro
-    def tma_producer(K, V, k_ring, v_ring, k_s, v_s, raw_full, full, empty, BlockTable, tile, total, n1, page_size,
-                     page_shift):
-        """The widening producer fed by TMA (``tma_issue``), ``num_stages`` blocks in flight."""
-        for u in T.serial(num_stages):
-            tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift)
-        for u in T.serial(total):
-            T.barrier_wait(raw_full[u % num_stages], (u // num_stages) & 1)
-            T.barrier_wait(empty[u % n_tiles], ((u // n_tiles) & 1) ^ 1)  # a fresh barrier passes parity 1
-            widen_block(k_s, v_s, k_ring, v_ring, tile, u, n1, True)
-            T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-            T.barrier_arrive(full[u % n_tiles])
-            # Every producer thread is done reading raw stage u % num_stages: refill it (the
-            # generic-proxy reads ordered before the TMA's async-proxy writes).
-            T.sync_threads(PRODUCER_SYNC, 128)
-            T.fence_proxy_async()
-            tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u + num_stages, total, n1, page_size, page_shift)
-
-    @T.macro
-    def copy_producer(K, V, k_ring, v_ring, k_s, v_s, rows_s, full, empty, BlockTable, tile, total, n1, pt, page_size,
-                      page_shift):
-        """The widening producer fed by per-thread cp.async (``fetch``), ``num_stages - 1``
-        blocks in flight."""
-        for u in T.serial(num_stages - 1):
-            fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift)
-            T.ptx_commit_group()  # (empty past the last block: group counts stay in step)
-        for u in T.serial(total):
-            # This thread's copies of block u have landed; after fetch's barrier, every
-            # thread's have, and every thread is done widening block u - 1 out of the stage
-            # that the next copies reuse (and reading rows_s of u - 1).
-            T.ptx_wait_group(num_stages - 2)
-            if by_row and not self_widen:  # (coalesced copies: fetch's own barrier, after its row lookup)
-                T.sync_threads(PRODUCER_SYNC, 128)
-            fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u + num_stages - 1, total, n1, pt, page_size, page_shift)
-            T.ptx_commit_group()
-            T.barrier_wait(empty[u % n_tiles], ((u // n_tiles) & 1) ^ 1)  # a fresh barrier passes parity 1
-            if self_widen:
-                widen_own(k_s, v_s, k_ring, v_ring, u, pt)
-            else:
-                widen_block(k_s, v_s, k_ring, v_ring, tile, u, n1, False)
-            T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-            T.barrier_arrive(full[u % n_tiles])
-
-    @T.macro
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
         H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
@@ -353,26 +260,23 @@ def decode_ws_kernel(
             q_s = T.alloc_shared([rows, dim], wide)
             k_ring = T.alloc_shared([num_stages, block_n, dim], cache_dtype)
             v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
-            # The consumers' K/V tiles: widened fp16 tiles, or the ring itself.
-            k_s = T.alloc_shared([wide_tiles, block_n, dim], WIDE) if widen else k_ring
-            v_s = T.alloc_shared([wide_tiles, block_n, dim_v], WIDE) if widen else v_ring
+            # The consumers' K/V tiles: one widened fp16 tile per consumer, or the ring itself.
+            k_s = T.alloc_shared([CONSUMERS, block_n, dim], WIDE) if widen else k_ring
+            v_s = T.alloc_shared([CONSUMERS, block_n, dim_v], WIDE) if widen else v_ring
             rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
             tok_s, head_s, qrow_s, lrow_s = row_tables(rows)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
-            # Consumer tile u % n_tiles of the stream's u-th block: full when the producer has
-            # filled it (128 arrivals), empty when its consumer's GEMMs have read it (128).
-            full = T.alloc_barrier(arrive_count=[128] * n_tiles)
-            empty = T.alloc_barrier(arrive_count=[128] * n_tiles)
-            if tma:  # raw stage s holds the stream's block: the producer's 128 arrivals and its TMA bytes
+            if widen:
+                # Raw stage s holds the stream's block: full after the producer's 128 arrivals
+                # (and its TMA bytes), empty once the consumer of that block has widened it.
                 raw_full = T.alloc_barrier(arrive_count=[128] * num_stages)
-            if consumer_widen:  # raw stage s widened by the consumer warpgroup whose block it held
                 raw_empty = T.alloc_barrier(arrive_count=[128] * num_stages)
+            else:
+                # Ring stage u % n_tiles: full when the producer's copies landed (128 arrivals),
+                # empty when its consumer's GEMMs have read it (128).
+                full = T.alloc_barrier(arrive_count=[128] * n_tiles)
+                empty = T.alloc_barrier(arrive_count=[128] * n_tiles)
 
-            if ring_rotate:  # row i's 16-byte pieces rotated by i: by-row copies spread over the banks
-                T.annotate_layout({
-                    ring: T.Layout(ring.shape, lambda st, i, c, w=ring.shape[2]: [st, i, (c // per_copy + i) % (w // per_copy) * per_copy + c % per_copy])
-                    for ring in (k_ring, v_ring)
-                })
             tx = T.get_thread_binding()
             wg = T.alloc_var(T.int32, init=T.min(tx // 128, CONSUMERS))  # 2: the producer
             # This warpgroup's split (the producer's registers describe split 2c).
@@ -388,21 +292,11 @@ def decode_ws_kernel(
                 pt = tx - consumer_threads
                 total = tile.my_blocks + n1
 
-                if consumer_widen:
+                if widen:
+                    # TMA copies when every key block sits on one page (a contiguous cache, or
+                    # pages of a multiple of block_n keys), else by-row cp.async.
                     raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size,
                                  page_shift, T.Or(page_shift == 31, page_size % block_n == 0))
-                elif widen and tma:
-                    # TMA copies when every key block sits on one page (a contiguous cache, or
-                    # pages of a multiple of block_n keys), else cp.async through the block table.
-                    if T.Or(page_shift == 31, page_size % block_n == 0):
-                        tma_producer(K, V, k_ring, v_ring, k_s, v_s, raw_full, full, empty, BlockTable, tile, total, n1,
-                                     page_size, page_shift)
-                    else:
-                        copy_producer(K, V, k_ring, v_ring, k_s, v_s, rows_s, full, empty, BlockTable, tile, total, n1,
-                                      pt, page_size, page_shift)
-                elif widen:
-                    copy_producer(K, V, k_ring, v_ring, k_s, v_s, rows_s, full, empty, BlockTable, tile, total, n1, pt,
-                                  page_size, page_shift)
                 else:
                     for u in T.serial(total):
                         T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)
@@ -415,7 +309,7 @@ def decode_ws_kernel(
                 T.fill(m, neg_inf)
                 for i in T.serial(tile.my_blocks):
                     u = stream_index(i, wg, n1)
-                    if consumer_widen:
+                    if widen:
                         # Widen this block into our own tile (our previous GEMMs have finished
                         # reading it), release the raw stage, then one barrier of our 128
                         # threads before the WGMMAs read the whole tile.
@@ -426,17 +320,16 @@ def decode_ws_kernel(
                         T.sync_threads(CONSUMER_SYNC + wg, 128)
                     else:
                         T.barrier_wait(full[u % n_tiles], (u // n_tiles) & 1)
-                    if not widen:
                         T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
-                    T.gemm(q_s, k_s[wg if consumer_widen else u % n_tiles, :, :], s, transpose_B=True, clear_accum=True,
+                    T.gemm(q_s, k_s[wg if widen else u % n_tiles, :, :], s, transpose_B=True, clear_accum=True,
                            policy=FULL_ROW)
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
                            tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
                     T.copy(s, p)
                     for r, c in T.Parallel(rows, dim_v):
                         o[r, c] *= alpha[r]
-                    T.gemm(p, v_s[wg if consumer_widen else u % n_tiles, :, :], o, policy=FULL_ROW)
-                    if not consumer_widen:
+                    T.gemm(p, v_s[wg if widen else u % n_tiles, :, :], o, policy=FULL_ROW)
+                    if not widen:
                         T.barrier_arrive(empty[u % n_tiles])
                 store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
                       lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
