@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-BOOLS = ("by_row",)
+BOOLS = ("by_row",)  # other knobs are ints (num_stages, block_n, tma_box, ...)
 
 
 def parse(v: str) -> dict:

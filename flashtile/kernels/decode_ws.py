@@ -48,6 +48,7 @@ from .target import TARGET, WS_PASS_CONFIGS
 FULL_ROW = T.GemmWarpPolicy.FullRow
 WIDE = "float16"  # the WGMMAs' operand type over an FP8 cache (see the module docstring)
 PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own use low ids)
+TMA_BOX = 16  # FP8 cache rows per TMA box: any page size that is a multiple of 16 takes TMA
 CONSUMER_SYNC = 11  # named barriers 11, 12: one per consumer warpgroup (FP8: after its widening)
 COPY_BYTES = 16  # one cp.async
 CONSUMERS = 2  # consumer warpgroups, one split each
@@ -72,7 +73,8 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
     for num_stages in (4, 3):
         if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize) <= SMEM_LIMIT - 2048:
-            return {"block_n": block_n, "num_stages": num_stages, "by_row": cache_itemsize == 1}
+            cfg = {"block_n": block_n, "num_stages": num_stages, "by_row": cache_itemsize == 1}
+            return {**cfg, "tma_box": TMA_BOX} if cache_itemsize == 1 else cfg
     raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
 
 
@@ -96,6 +98,7 @@ def decode_ws_kernel(
     num_stages: int = 4,
     cache_dtype: str = "float8_e4m3fn",
     by_row: bool = False,
+    tma_box: int = 0,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -119,6 +122,8 @@ def decode_ws_kernel(
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
     assert by_row or not widen, "an FP8 ring's non-TMA copies are by row"
+    box = tma_box or block_n  # cache rows per TMA box (FP8): pages of a multiple of it take TMA
+    assert block_n % box == 0
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
     consumer_threads = CONSUMERS * 128
@@ -187,17 +192,20 @@ def decode_ws_kernel(
 
     @T.macro
     def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift):
-        """The stream's ``u``-th block of K and V as one TMA box each (``block_n`` rows
-        of the cache from the block's first row: its keys sit on one page, which the kernel
-        checks before taking this producer), into raw stage ``u % num_stages``, completing ``raw_full`` with its bytes.
-        Rows past the entry's keys (or before its left padding) are read too, and zeroed by
-        ``widen_mine``."""
+        """The stream's ``u``-th block of K and V by TMA, as ``block_n // box`` boxes of ``box``
+        cache rows each (a box's keys sit on one page: the kernel takes this producer only for
+        page sizes that are multiples of ``box``, or a contiguous cache), into raw stage
+        ``u % num_stages``, completing ``raw_full`` with their bytes.  Rows past the entry's
+        keys (or before its left padding) are read too, and zeroed by ``widen_mine``."""
         if u < total:
             n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
-            pg = T.alloc_var(T.int32, init=cache_page(n0, page_size, page_shift))
-            row0 = T.alloc_var(T.int32, init=BlockTable[tile.b, pg] * page_size + (n0 - pg * page_size))
-            T.tma_copy(K[row0:row0 + block_n, tile.hk, :], k_ring[u % num_stages, :, :], barrier=raw_full[u % num_stages])
-            T.tma_copy(V[row0:row0 + block_n, tile.hk, :], v_ring[u % num_stages, :, :], barrier=raw_full[u % num_stages])
+            for t in T.unroll(block_n // box):
+                pg = T.alloc_var(T.int32, init=cache_page(n0 + t * box, page_size, page_shift))
+                row0 = T.alloc_var(T.int32, init=BlockTable[tile.b, pg] * page_size + (n0 + t * box - pg * page_size))
+                T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[u % num_stages, t * box:(t + 1) * box, :],
+                           barrier=raw_full[u % num_stages])
+                T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[u % num_stages, t * box:(t + 1) * box, :],
+                           barrier=raw_full[u % num_stages])
             T.barrier_arrive(raw_full[u % num_stages])
 
     @T.macro
@@ -293,10 +301,10 @@ def decode_ws_kernel(
                 total = tile.my_blocks + n1
 
                 if widen:
-                    # TMA copies when every key block sits on one page (a contiguous cache, or
-                    # pages of a multiple of block_n keys), else by-row cp.async.
+                    # TMA copies when every box of rows sits on one page (a contiguous cache, or
+                    # pages of a multiple of ``box`` keys: vLLM's 16 included), else by-row cp.async.
                     raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size,
-                                 page_shift, T.Or(page_shift == 31, page_size % block_n == 0))
+                                 page_shift, T.Or(page_shift == 31, page_size % box == 0))
                 else:
                     for u in T.serial(total):
                         T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)
