@@ -7,9 +7,9 @@ sat on the same warps as the softmax, with two cp.async stages (16 KB) in flight
 Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
 
 - a producer warpgroup streams key blocks of FP8 K and V rows from HBM into a ring of raw
-  stages, ``num_stages`` blocks ahead: by TMA (one box of ``block_n`` rows per K and V block)
-  when every block sits on one page (a contiguous cache, or pages of a multiple of ``block_n``
-  keys), else by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
+  stages, ``num_stages`` blocks ahead: by TMA (boxes of ``TMA_BOX`` = 16 rows, each looked up
+  through the block table) when the page size is a multiple of 16 or the cache is contiguous,
+  else by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
   through the block table, so any page size works, as in ``decode.py``), each stage's full
   mbarrier completed by the copies themselves;
 - two consumer warpgroups each run their own split of the key range (the CTA runs splits
