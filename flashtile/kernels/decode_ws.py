@@ -64,7 +64,7 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
     a block's FP8 K+V is 16 KB at d = dim_v); 4 raw stages (3 where shared memory is short).
 
     The copies: ``by_row`` (each producer thread looks up one key row and copies a share of it)
-    for FP8 caches whose pages are smaller than a block (pages of whole blocks take TMA),
+    for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the others take TMA),
     warp-coalesced through a row table for 16-bit ones.  Measured on an H100 (FP8, B=8 32k,
     `h100-2026-11-23f/`): the consumers widening their own blocks 1.53x the bf16 cache's speed,
     the producer widening them 1.33x with TMA and 1.24x with by-row copies; 4 raw stages as
@@ -107,8 +107,9 @@ def decode_ws_kernel(
     Q rows and the block stream (the producer interleaves their blocks), and write partials
     that ``combine.py`` merges.
 
-    An FP8 cache: the producer copies FP8 blocks into the raw ring (TMA when every key block
-    sits on one page, else by-row cp.async) and each consumer widens its own blocks into its
+    An FP8 cache: the producer copies FP8 blocks into the raw ring (TMA in boxes of ``tma_box``
+    rows when the page size is a multiple of it or the cache is contiguous, else by-row
+    cp.async) and each consumer widens its own blocks into its
     own fp16 tile.  (Tried and measured slower, then removed: the producer widening every block
     (1.24-1.33x the bf16 cache against 1.53x), each producer thread widening its own copies,
     and the raw ring rotated against bank conflicts: NOTES, fifth and sixth sessions.)
