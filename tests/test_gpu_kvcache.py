@@ -123,6 +123,8 @@ GRID = [
     C(batch=1, length=1000, sq=40, snew=40, h=4, hkv=4, splits=1, fp8=True),
     C(batch=2, length=4000, sq=2, snew=2, d=256, dv=256, sinks=True, softcap=30.0, dtype=FP16, fp8=True),
     C(batch=5, length=2049, sq=1, h=8, hkv=1, causal=False, window=(700, 0), page=256, fp8=True),
+    # TMA in 16-row boxes on a page size that is a multiple of 16 but not a power of two
+    C(batch=2, length=3000, page=48, h=32, hkv=8, fp8=True),
 ]
 
 
