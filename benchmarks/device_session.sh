@@ -6,7 +6,8 @@
 #   bash .carry/install.sh && export PYTHONPATH=/tmp/site:$PWD && bash benchmarks/device_session.sh
 #
 # Phase budgets (seconds) can be overridden: PRECOMPILE_S, TESTS_S, BENCH_S (VARLEN_BENCH_S and
-# DECODE_BENCH_S add those benchmarks).  Carry the kernel
+# DECODE_BENCH_S add those benchmarks; SANITIZE_CASES=<substring>, e.g. kvcache, adds
+# compute-sanitizer memcheck + racecheck over those cases of benchmarks/sanitize_cases.py).  Carry the kernel
 # cache built here (benchmarks/kernel_cache.sh fill; pack) and the precompile phase is seconds.  BENCH_FLAGS
 # replaces the short bench grid; BENCH_FLAGS=" " runs `flashtile bench`'s full default grid.
 set -uo pipefail
@@ -52,6 +53,10 @@ if [ "${DECODE_BENCH_S:-0}" != 0 ]; then
     > "$out/decode_bench.log" 2>&1
   echo "decode bench: $(( $(date +%s) - t0 ))s rc=$?" | tee -a "$out/summary.txt"
   cut -c1-150 "$out/decode_bench.log" | tail -n 60
+fi
+if [ -n "${SANITIZE_CASES:-}" ]; then
+  CASES="$SANITIZE_CASES" TOOLS="memcheck racecheck" bash benchmarks/sanitize.sh "$out/sanitize" > "$out/sanitize.log" 2>&1
+  cat "$out/sanitize/summary.txt" | tee -a "$out/summary.txt"
 fi
 grep -E "FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | tail -n 15
 tail -n 40 "$out/bench.log"
