@@ -426,33 +426,25 @@ torch.library.register_autograd("flashtile::bwd", _backward_bwd, setup_context=_
 
 
 class _EagerAttention(torch.autograd.Function):
-    """Eager fast path: the same implementations and backward as ``flashtile::fwd``.
+    """Eager fast path: the same implementations, context and backward as ``flashtile::fwd``
+    (``_fwd_op``, ``_setup_fwd``, ``_backward_fwd``).
 
     Old-style ``forward(ctx, ...)`` on purpose: with a separate ``setup_context``,
     ``Function.apply`` binds arguments through ``inspect.signature`` on every call (~70 us).
-    The scalar options travel as one tuple (``scalars``: scale, window, softcap,
-    deterministic, out_dtype) so that ``apply`` walks 8 arguments, not 13.
+    The options travel as one tuple in schema order, with their tensors (sinks, descales) also
+    passed on their own so that autograd sees them as inputs: ``apply`` walks 8 arguments, not 13.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, q_descale, k_descale, v_descale, scalars):
-        scale, left, right, softcap, deterministic, out_dtype = scalars
-        out, lse = _fwd_impl(q, k, v, sinks, scale, left, right, softcap, q_descale, k_descale, v_descale, out_dtype)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.scalars = scalars
-        ctx.descales = (q_descale, k_descale, v_descale)
-        ctx.set_materialize_grads(False)
-        return out, lse
+    def forward(ctx, q, k, v, sinks, q_descale, k_descale, v_descale, options):
+        output = _fwd_op(q, k, v, *options)
+        _setup_fwd(ctx, (q, k, v, *options), output)
+        return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
-        if dout is None:  # only lse was used downstream
-            dout = torch.zeros_like(out)
-        scale, left, right, softcap, deterministic, out_dtype = ctx.scalars
-        dq, dk, dv, dsinks = _bwd(dout, dlse, q, k, v, out, lse, sinks, scale, left, right, softcap, deterministic,
-                                  *ctx.descales, out_dtype)
-        return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None
+        dq, dk, dv, dsinks, *_ = _backward_fwd(ctx, dout, dlse)
+        return dq, dk, dv, dsinks, None, None, None, None
 
 
 # ``Function.apply`` without its Python wrapper (which re-checks for functorch transforms and
@@ -488,12 +480,14 @@ def attention(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
     ``_EagerAttention``, which runs the same implementation and backward; both skip the
     custom-op dispatcher's per-call Python overhead.
     """
-    if q.device.type in _FAST_DEVICES and _plain_eager(q, k, v, sinks, q_descale, k_descale, v_descale):
-        if not _needs_grad(q, k, v, sinks, q_descale, k_descale, v_descale):
+    tensors = (q, k, v, sinks, q_descale, k_descale, v_descale)
+    if q.device.type in _FAST_DEVICES and _plain_eager(*tensors):
+        if not _needs_grad(*tensors):
             return _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
                              q_descale, k_descale, v_descale, out_dtype)
-        tensors = (_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
-                   *(None if t is None else _unwrap_if_dead(t) for t in (sinks, q_descale, k_descale, v_descale)))
-        return _eager_apply(*tensors, (softmax_scale, window_left, window_right, softcap, deterministic, out_dtype))
+        q, k, v, sinks, q_descale, k_descale, v_descale = (None if t is None else _unwrap_if_dead(t) for t in tensors)
+        options = (sinks, softmax_scale, window_left, window_right, softcap, deterministic, q_descale, k_descale,
+                   v_descale, out_dtype)  # schema order (_OPTIONS)
+        return _eager_apply(q, k, v, sinks, q_descale, k_descale, v_descale, options)
     return attention_fwd(q, k, v, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
                          q_descale, k_descale, v_descale, out_dtype)

@@ -398,8 +398,9 @@ _eager_apply = super(torch.autograd.Function, _EagerVarlen).apply  # as ``ops._e
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, o: Options):
     """Differentiable (out, lse): the custom op when traced; in plain eager the implementation
     itself when autograd has nothing to record, else ``_EagerVarlen``."""
-    if q.device.type in ops._FAST_DEVICES and ops._plain_eager(q, k, v, *(getattr(o, n) for n in _TENSOR_OPTIONS)):
-        if not ops._needs_grad(q, k, v, o.sinks, o.q_descale, o.k_descale, o.v_descale):
+    tensors = (q, k, v, *(getattr(o, n) for n in _TENSOR_OPTIONS))
+    if q.device.type in ops._FAST_DEVICES and ops._plain_eager(*tensors):
+        if not ops._needs_grad(*tensors):
             return _fwd_impl(q, k, v, o)
         unwrap = ops._unwrap_if_dead
         return _eager_apply(unwrap(q), unwrap(k), unwrap(v), None if o.sinks is None else unwrap(o.sinks), o)
