@@ -81,19 +81,18 @@ def get(builder: Callable, config: Any = None, **static) -> Any:
     This sits on every attention call, so the hit path is one dict lookup on a key of plain
     hashables (``config`` is a frozen dataclass); names and dicts are made only when building.
     """
-    return get_static(builder, config, tuple(static.items()))
+    return get_static(*structure(builder, config, **static))
 
 
-def key(builder: Callable, config: Any, static: tuple) -> tuple:
-    """The cache key of a structure (``static``: ``(name, value)`` pairs in builder order);
-    a launcher may keep it (``get_static``'s ``key``) instead of rebuilding it per call."""
-    return (id(builder), config, *static)  # builders are module-level: ids are stable
+def structure(builder: Callable, config: Any = None, **static) -> tuple:
+    """``(builder, config, static (name, value) pairs, cache key)``: ``get_static``'s arguments,
+    which a launcher may memoise per structure instead of rebuilding the key on every call."""
+    pairs = tuple(static.items())
+    return builder, config, pairs, (id(builder), config, *pairs)  # builders are module-level: ids are stable
 
 
-def get_static(builder: Callable, config: Any, static: tuple, key_: tuple | None = None) -> Any:
-    """``get`` with the structure as ``(name, value)`` pairs, and optionally its ``key``."""
-    if key_ is None:
-        key_ = key(builder, config, static)
+def get_static(builder: Callable, config: Any, static: tuple, key_: tuple) -> Any:
+    """``get`` for a ``structure``."""
     kernel = _kernels.get(key_)
     if kernel is None:
         with _lock:

@@ -114,16 +114,14 @@ def forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softca
 
 @_memoised
 def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, num_sms, out_dtype):
-    """(builder, config, static pairs, cache key) of ``forward_kernel``."""
+    """``cache.structure`` of ``forward_kernel``."""
     cfg = configs.fwd_config(dim, dim_v, dtype, kind, varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
     if cfg.manual_ws and cfg.tiles_per_cta != 1:
         static["num_sms"] = num_sms
     if dtype == operands.FP8:
         static["out_dtype"] = out_dtype or "bfloat16"
-    builder = configs.builder(cfg)
-    pairs = tuple(static.items())
-    return builder, cfg, pairs, cache.key(builder, cfg, pairs)
+    return cache.structure(configs.builder(cfg), cfg, **static)
 
 
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float,
@@ -181,13 +179,10 @@ def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dl
 
 @_memoised
 def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen):
-    """``cache.get_static`` arguments of (preprocess, dK/dV main, dQ or None), then the main
-    kernel's ``BwdConfig``."""
+    """``cache.structure`` of (preprocess, dK/dV main, dQ or None), then the main kernel's
+    ``BwdConfig``."""
     from .bwd_preprocess import attention_bwd_preprocess
-
-    def structure(builder, cfg, **static):
-        pairs = tuple(static.items())
-        return builder, cfg, pairs, cache.key(builder, cfg, pairs)
+    from .cache import structure
 
     prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
