@@ -18,14 +18,12 @@ import argparse
 
 import torch
 
-BOOLS = ("by_row",)  # other knobs are ints (num_stages, block_n, tma_box, ...)
-
 
 def parse(v: str) -> dict:
     out = {}
     for kv in v.split(","):
         k, x = kv.split("=")
-        out[k] = bool(int(x)) if k in BOOLS else int(x)
+        out[k] = int(x)  # every knob is an int (block_n, num_stages, tma_box, chunk_blocks, ...)
     return out
 
 

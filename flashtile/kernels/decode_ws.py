@@ -63,9 +63,9 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
     """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
     a block's FP8 K+V is 16 KB at d = dim_v); 4 raw stages (3 where shared memory is short).
 
-    The copies: ``by_row`` (each producer thread looks up one key row and copies a share of it)
-    for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the others take TMA),
-    warp-coalesced through a row table for 16-bit ones.  Measured on an H100 (FP8, B=8 32k,
+    The copies (not a tile parameter): by row (each producer thread looks up one key row and
+    copies a share of it) for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the
+    others take TMA), warp-coalesced through a row table for 16-bit ones.  Measured on an H100 (FP8, B=8 32k,
     `h100-2026-11-23f/`): the consumers widening their own blocks 1.53x the bf16 cache's speed,
     the producer widening them 1.33x with TMA and 1.24x with by-row copies; 4 raw stages as
     fast as 7 or faster."""
@@ -73,7 +73,7 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
     for num_stages in (4, 3):
         if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize) <= SMEM_LIMIT - 2048:
-            cfg = {"block_n": block_n, "num_stages": num_stages, "by_row": cache_itemsize == 1}
+            cfg = {"block_n": block_n, "num_stages": num_stages}
             return {**cfg, "tma_box": TMA_BOX} if cache_itemsize == 1 else cfg
     raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
 
@@ -97,7 +97,6 @@ def decode_ws_kernel(
     block_n: int = 64,
     num_stages: int = 4,
     cache_dtype: str = "float8_e4m3fn",
-    by_row: bool = False,
     tma_box: int = 0,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
@@ -122,7 +121,6 @@ def decode_ws_kernel(
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
-    assert by_row or not widen, "an FP8 ring's non-TMA copies are by row"
     box = tma_box or block_n  # cache rows per TMA box (FP8): pages of a multiple of it take TMA
     assert block_n % box == 0
     acc = T.float32
@@ -130,7 +128,7 @@ def decode_ws_kernel(
     consumer_threads = CONSUMERS * 128
     wide = WIDE if widen else dtype  # the WGMMAs' operand type
     n_tiles = num_stages  # a 16-bit cache: the consumers read the ring's stages
-    per_row = 128 // block_n  # producer threads per key row (by_row copies)
+    per_row = 128 // block_n  # producer threads per key row (FP8 by-row copies)
     k_copies, v_copies = dim // per_copy, dim_v // per_copy  # 16-byte copies per row
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
@@ -173,7 +171,8 @@ def decode_ws_kernel(
 
     @T.macro
     def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, total, kb, pt, page_size, page_shift):
-        """``by_row``: each thread looks up one key row of block ``kb`` itself and copies its share."""
+        """FP8 pages that TMA cannot take: each thread looks up one key row of block ``kb``
+        itself and copies its share."""
         if u < total:
             r = pt // per_row
             sub = pt % per_row
@@ -211,17 +210,14 @@ def decode_ws_kernel(
 
     @T.macro
     def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift):
-        """The stream's ``u``-th block: ``by_row``, each thread looks up one key row and copies
-        its share; else the block's rows are looked up into ``rows_s``, then (one producer barrier
-        between: the table is written by threads 0 .. block_n - 1) copied warp-coalesced."""
+        """A 16-bit cache's ``u``-th stream block: its rows looked up into ``rows_s``, then (one
+        producer barrier between: the table is written by threads 0 .. block_n - 1) copied
+        warp-coalesced (by-row copies ran this schedule at 82% of the bandwidth, coalesced 95%)."""
         kb = stream_block(u, n1, tile.kb_first, tile.per_split)
-        if by_row:
-            issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, total, kb, pt, page_size, page_shift)
-        else:
-            lookup(rows_s, BlockTable, tile, u, total, kb, pt, page_size, page_shift)
-            T.sync_threads(PRODUCER_SYNC, 128)
-            issue(K, k_ring, rows_s, tile, u, total, pt, k_copies)
-            issue(V, v_ring, rows_s, tile, u, total, pt, v_copies)
+        lookup(rows_s, BlockTable, tile, u, total, kb, pt, page_size, page_shift)
+        T.sync_threads(PRODUCER_SYNC, 128)
+        issue(K, k_ring, rows_s, tile, u, total, pt, k_copies)
+        issue(V, v_ring, rows_s, tile, u, total, pt, v_copies)
 
     @T.macro
     def widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, ct, wg):
