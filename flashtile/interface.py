@@ -179,15 +179,8 @@ def flash_attn_func(
     Flags must be Python bools (``causal="yes"`` is a TypeError, not True).
     """
     V.reject_unsupported(FN, dropout_p, alibi_slopes)
-    if not (type(causal) is bool and type(deterministic) is bool and type(return_attn_probs) is bool
-            and type(return_lse) is bool):  # the common case, checked first
-        for name, flag in (
-            ("causal", causal),
-            ("deterministic", deterministic),
-            ("return_attn_probs", return_attn_probs),
-            ("return_lse", return_lse),
-        ):
-            V.check_flag(FN, name, flag)
+    V.check_flags(FN, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                  return_lse=return_lse)
     validate(q, k, v, softmax_scale, window_size, sinks, softcap, fp8=(q_descale, k_descale, v_descale, out_dtype))
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])

@@ -68,6 +68,15 @@ def is_finite(x) -> bool:
     return x == x and -math.inf < x < math.inf
 
 
+def check_flags(fn: str, **flags) -> None:
+    """``check_flag`` on each keyword, in order; plain bools (the common case) pass at once."""
+    for value in flags.values():
+        if type(value) is not bool:
+            for name, flag in flags.items():
+                check_flag(fn, name, flag)
+            return
+
+
 def check_flag(fn: str, name: str, value) -> None:
     """A flag must be a Python ``bool``: ``'no'``, ``1`` or a tensor are refused, since
     truthiness would silently turn ``deterministic='no'`` into True."""

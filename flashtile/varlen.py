@@ -109,9 +109,8 @@ def flash_attn_varlen_func(
     the environment variable ``FLASHTILE_CHECK_SEQLENS=1`` (they cost a device sync).
     """
     V.reject_unsupported(FN, dropout_p, alibi_slopes)
-    for name, flag in (("causal", causal), ("deterministic", deterministic),
-                       ("return_attn_probs", return_attn_probs), ("return_lse", return_lse)):
-        V.check_flag(FN, name, flag)
+    V.check_flags(FN, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
+                  return_lse=return_lse)
     validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
              softcap, sinks, seqused_q, seqused_k, fp8=(q_descale, k_descale, v_descale, out_dtype))
     if content_checks_enabled(q.device):
