@@ -2,6 +2,7 @@
 
     python3 benchmarks/decode_sweep.py --variants chunk_blocks=32 chunk_blocks=64
     python3 benchmarks/decode_sweep.py --fp8 --variants num_stages=4 num_stages=3
+    python3 benchmarks/decode_sweep.py --variants num_splits=0 num_splits=33 --cases 1:131072:1:contig
 
 Each variant (``decode.CFG_OVERRIDE``: parameters of whichever schedule runs, ``decode_kernel``
 for a bf16 cache, ``decode_ws.decode_ws_kernel`` with ``--fp8``) times flash_attn_with_kvcache
@@ -9,7 +10,8 @@ graph-replayed on the cases (``B:L:sq:layout``, the shapes of flashtile/bench_de
 32/8 heads, d = 128, causal, ``L + 256`` cache rows; layout contig, page16 or page256), checks
 the output against the first variant's and prints µs, % of the read bandwidth measured in the
 same run, and (``--fp8``) the speed-up over the bf16 cache.  ``--precompile`` builds the
-variants (no GPU needed).
+variants (no GPU needed).  ``num_splits`` is not a tile parameter but the call's own argument
+(0: the launcher's choice), so it varies without a new kernel.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def main(argv=None) -> int:
     cache_dtype = "float8_e4m3fn" if args.fp8 else None
     if args.precompile:
         for v in variants:
-            dm.CFG_OVERRIDE = v
+            dm.CFG_OVERRIDE = {k: x for k, x in v.items() if k != "num_splits"} or None
             dm.get_decode_kernels(128, 128, "bfloat16", False, False, cache_dtype)
         return 0
     from flashtile import flash_attn_with_kvcache
@@ -68,8 +70,11 @@ def main(argv=None) -> int:
         nbytes = 2 * B * L * HKV * D * kc.element_size()
         ref = None
         for v in variants:
-            dm.CFG_OVERRIDE = v
-            call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw)  # noqa: E731
+            tiles = {k: x for k, x in v.items() if k != "num_splits"}
+            dm.CFG_OVERRIDE = tiles or None
+            splits = v.get("num_splits", 0)
+            call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
+                                                   num_splits=splits, **kw)
             out = call()
             ref = out if ref is None else ref
             diff = (out.float() - ref.float()).abs().max().item()

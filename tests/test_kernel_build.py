@@ -103,12 +103,13 @@ def test_auto_pipelined_forward_builds(dim):
 @pytest.mark.parametrize("dim,dim_v,dtype", STRUCTURES, ids=lambda x: str(x))
 def test_varlen_kernels_build(dim, dim_v, dtype):
     """Packed (varlen) batches: the same builders with ``varlen=True`` (sequence offsets and
-    lengths as kernel arguments; row-guarded stores), forward and default backward."""
+    lengths as kernel arguments; row-guarded stores; a grid of real tiles sized by the packed
+    row count, ``seqinfo.packed_slots``), forward and default backward."""
     from flashtile.kernels.launch import backward_kernels, forward_kernel
 
     src = forward_kernel(dim, dim_v, dtype, has_sinks=True, has_softcap=False, varlen=True).get_kernel_source()
     _assert_hopper(src, f"varlen fwd d={dim}/{dim_v} {dtype}")
-    for name in ("CuQ", "LenK", "int max_q"):
+    for name in ("CuQ", "LenK", "int Tq"):
         assert name in src, f"varlen fwd: {name} should be a kernel argument"
     _, main, _ = backward_kernels(dim, dim_v, dtype, has_softcap=False, has_dlse=False, deterministic=False, varlen=True)
     src = main.get_kernel_source()

@@ -73,3 +73,45 @@ def test_tile_pairs_cover_every_query_tile_once_with_balanced_causal_work(n_qb, 
         work = sum(n_qb - bx for _, _, bx in real)
         assert work == n_qb + 1 or (len(real) == 1 and n_qb % 2 == 1), f"item {item}: tiles {real} hold {work} blocks"
     assert sorted(seen) == sorted(itertools.product(range(H), range(B), range(n_qb))), f"not every tile once: {seen}"
+
+
+def _packed_grid_tiles(lens, used, block, heads):
+    """Evaluate a packed grid CTA by CTA with ``seqinfo``'s own slot arithmetic (the search the
+    kernel's threads share, done here by a scan): [(entry, head, block)] of the CTAs with work."""
+    from flashtile.kernels.seqinfo import slot_range, slot_tile
+
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    batch, tiles = len(lens), []
+    grid = heads * (cu[-1] // block + batch)  # Sequences.grid's extent
+    for ids in range(grid):
+        owners = [e for e in range(batch) if slot_range(cu, e, block)[0] <= ids // heads < slot_range(cu, e, block)[1]]
+        assert len(owners) <= 1, f"slot {ids // heads} owned by {owners}"
+        if not owners:
+            continue
+        e = owners[0]
+        lo, hi = slot_range(cu, e, block)
+        bx, h = slot_tile(ids, heads, lo, hi - lo)
+        assert 0 <= h < heads, f"CTA {ids}: head {h}"
+        if bx * block < used[e]:  # masks.query_tile's / query_block_range's live test
+            tiles.append((e, h, bx))
+    return tiles, grid
+
+
+@pytest.mark.parametrize("block", [64, 128])
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize(
+    "lens",
+    [[1], [0, 0, 5], [128, 128, 128], [127, 129, 1, 0, 256, 255], [64] * 9, [1000, 3, 77, 0, 513], [0], [300]],
+)
+def test_packed_grid_runs_every_real_tile_once(lens, heads, block):
+    """The packed grid (``seqinfo.packed_slots``): every (sequence, head, block) that holds
+    rows is some CTA's, exactly once, and at most one slot per sequence and head is empty."""
+    for used in (lens, [n // 2 for n in lens]):  # all rows, and seqused taking half
+        tiles, grid = _packed_grid_tiles(lens, used, block, heads)
+        want = [(e, h, bx) for e, n in enumerate(used) for h in range(heads) for bx in range(-(-n // block))]
+        assert sorted(tiles) == sorted(want), f"lens {lens} used {used}: tiles {sorted(set(want) ^ set(tiles))[:5]} wrong"
+        assert len(tiles) == len(set(tiles)), f"lens {lens}: a tile runs twice"
+        if used == lens:
+            assert grid - len(tiles) <= heads * len(lens), f"lens {lens}: {grid - len(tiles)} idle CTAs"

@@ -145,7 +145,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         max_q: T.int32,
         max_k: T.int32,
     ):
-        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, CuStat)
+        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, CuStat, rows_q=Tq, rows_k=Tk)
         kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs)
 
     return main_varlen
@@ -200,7 +200,7 @@ def dq_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         max_q: T.int32,
         max_k: T.int32,
     ):
-        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, CuStat)
+        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, CuStat, rows_q=Tq, rows_k=Tk)
         kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs)
 
     return main_varlen
@@ -242,7 +242,8 @@ def attention_bwd_dkdv(
         H, Hkv = Q.shape[2], K.shape[2]
         # Row-major launch order whatever rows_per_group says: with the grouped order's
         # computed indices TileLang 0.1.15's ThreadSync pass rejects this schedule at d=256.
-        with T.Kernel(T.ceildiv(seqs.max_k, block_n), Hkv, seqs.batch, threads=threads) as (bx, hk, b):
+        with T.Kernel(*seqs.grid(block_n, Hkv, keys=True), threads=threads) as ids:
+            bx, hk, b = seqs.tile(ids, block_n, Hkv, threads, keys=True)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
             q_s = T.alloc_shared([block_m, dim], dtype)
@@ -349,7 +350,8 @@ def attention_bwd_dq(
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=threads) as (bx, h, b):
+        with T.Kernel(*seqs.grid(block_m, H), threads=threads) as ids:
+            bx, h, b = seqs.tile(ids, block_m, H, threads)
             q_s = T.alloc_shared([block_m, dim], dtype)
             do_s = T.alloc_shared([block_m, dim_v], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)

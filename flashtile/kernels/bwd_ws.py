@@ -75,13 +75,18 @@ def attention_bwd_dkdv_ws(
     def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
         key_blocks = T.ceildiv(seqs.max_k, block_n)
-        with T.Kernel(key_blocks * Hkv * seqs.batch, threads=total) as cta:
-            block, row = grouped_tile(cta, key_blocks, Hkv * seqs.batch, rows_per_group)
-            # In registers: as expressions (divisions by a runtime group size) they are
-            # re-derived at every use, and nvcc took 3.6x longer over this kernel at d=64.
-            bx = T.alloc_var(T.int32, init=block)
-            hk = T.alloc_var(T.int32, init=row % Hkv)
-            b = T.alloc_var(T.int32, init=row // Hkv)
+        # Packed batches: real key tiles only, sequence-major (``seqinfo.packed_slots``).
+        extent = seqs.grid(block_n, Hkv, keys=True)[0] if seqs.varlen else key_blocks * Hkv * seqs.batch
+        with T.Kernel(extent, threads=total) as cta:
+            if seqs.varlen:
+                bx, hk, b = seqs.tile(cta, block_n, Hkv, total, keys=True)
+            else:
+                block, row = grouped_tile(cta, key_blocks, Hkv * seqs.batch, rows_per_group)
+                # In registers: as expressions (divisions by a runtime group size) they are
+                # re-derived at every use, and nvcc took 3.6x longer over this kernel at d=64.
+                bx = T.alloc_var(T.int32, init=block)
+                hk = T.alloc_var(T.int32, init=row % Hkv)
+                b = T.alloc_var(T.int32, init=row // Hkv)
             # K and V stay for the whole CTA; after the last step they stage dK and dV.
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
@@ -239,7 +244,8 @@ def attention_bwd_dq_ws(
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=total) as (bx, h, b):
+        with T.Kernel(*seqs.grid(block_m, H), threads=total) as ids:
+            bx, h, b = seqs.tile(ids, block_m, H, total)
             q_s = T.alloc_shared([block_m, dim], dtype)  # holds dQ for the store at the end
             do_s = T.alloc_shared([block_m, dim_v], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)

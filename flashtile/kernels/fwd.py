@@ -53,7 +53,8 @@ def attention_fwd_kernel(
     @T.macro
     def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=threads) as (bx, h, b):
+        with T.Kernel(*seqs.grid(block_m, H), threads=threads) as ids:
+            bx, h, b = seqs.tile(ids, block_m, H, threads)
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared(ops.v_tile(block_n, dim_v), dtype)
@@ -153,7 +154,7 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
         max_q: T.int32,
         max_k: T.int32,
     ):
-        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, v_group=GROUP if ops.fp8 else 0)
+        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, v_group=GROUP if ops.fp8 else 0, rows_q=Tq, rows_k=Tk)
         kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs)
 
     return main_varlen

@@ -158,7 +158,8 @@ def fwd_ws_prim_func(
     @T.macro
     def one_tile_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        with T.Kernel(T.ceildiv(seqs.max_q, block_m), H, seqs.batch, threads=total) as (bx, h, b):
+        with T.Kernel(*seqs.grid(block_m, H), threads=total) as ids:
+            bx, h, b = seqs.tile(ids, block_m, H, total)
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
             v_s = T.alloc_shared(v_ring, dtype)

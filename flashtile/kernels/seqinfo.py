@@ -14,9 +14,12 @@ role), so dense and packed (variable-length) batches are one kernel family:
   masks hide (``rows_checked``), and never writes them: stores go through ``store_q_tile`` /
   ``store_k_tile``, which guard each row against the sequence's length.
 
-``Sequences`` is the grid-level view (batch count, longest sequence: grid extents);
-``Sequences.of(b)`` builds the per-tile ``Sequence``.  Both are plain Python objects used at
-trace time; TileLang macros accept them as arguments.
+``Sequences`` is the grid-level view (``grid``: launch extents; ``tile``: which batch entry,
+head and block a CTA stands for); ``Sequences.of(b)`` builds the per-tile ``Sequence``.  Both
+are plain Python objects used at trace time; TileLang macros accept them as arguments.
+
+Packed grids hold real tiles only (``packed_slots``): a grid sized by the longest sequence
+left ~45% of its CTAs without work on 64 sequences of 64..1024 tokens.
 """
 
 from __future__ import annotations
@@ -74,12 +77,46 @@ class Sequences:
     """The batch as the grid sees it: ``batch`` entries, at most ``max_q`` / ``max_k`` rows."""
 
     def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, cu_stat=None,
-                 v_group=0):
+                 v_group=0, rows_q=None, rows_k=None):
         self.varlen = varlen
         self.batch, self.max_q, self.max_k = batch, max_q, max_k
         self._cu_q, self._cu_k, self._lens_q, self._lens_k = cu_q, cu_k, lens_q, lens_k
         self._cu_stat = cu_stat
         self._v_group = v_group
+        self._rows_q, self._rows_k = rows_q, rows_k  # rows of the packed tensors
+
+    def grid(self, block, heads, keys=False):
+        """Launch extents, one CTA per tile of ``block`` query rows (``keys``: key rows) per head.
+
+        Dense: (blocks of the longest sequence, heads, batch).  Packed: one axis of
+        ``heads * (rows // block + batch)`` CTAs, sequence-major, then head, then block, as the
+        dense grid orders them (``packed_slots``)."""
+        if not self.varlen:
+            return T.ceildiv(self.max_k if keys else self.max_q, block), heads, self.batch
+        rows = self._rows_k if keys else self._rows_q
+        assert rows is not None, "packed grids need the tensors' row count (seqinfo.packed rows_q / rows_k)"
+        return (heads * (rows // block + self.batch),)
+
+    def tile(self, ids, block, heads, threads, keys=False):
+        """(block index, head, batch entry) of the CTA with launch indices ``ids`` (``grid``'s
+        extents).  Dense: the indices themselves.  Packed: found among the sequences by the
+        CTA's ``threads`` threads together (one shared-memory exchange and barrier,
+        ``packed_slots``); a CTA whose slot holds no tile gets a block index past every
+        sequence's end, so the kernels' own range checks give it no work."""
+        if not self.varlen:
+            return ids
+        cu = self._cu_k if keys else self._cu_q
+        found = T.alloc_shared([3], T.int32, scope="shared")
+        find_slot(cu, self.batch, block, ids // heads, found, threads)
+        entry = T.alloc_var(T.int32, init=found[0])[0]
+        first = T.alloc_var(T.int32, init=found[1])[0]
+        slots = T.alloc_var(T.int32, init=found[2])[0]
+        live = entry < self.batch
+        block_of, head_of = slot_tile(ids, heads, first, slots)
+        bx = T.alloc_var(T.int32, init=T.if_then_else(live, block_of, DEAD_SLOT))[0]
+        # Clamped: offsets that are not monotone may make two threads write one triple.
+        h = T.alloc_var(T.int32, init=T.if_then_else(live, T.max(T.min(head_of, heads - 1), 0), 0))[0]
+        return bx, h, T.max(T.min(entry, self.batch - 1), 0)
 
     def of(self, b) -> Sequence:
         """The ``Sequence`` of batch entry ``b``; call inside the kernel (varlen allocates
@@ -104,16 +141,79 @@ def v_column_start(k0, b, group: int):
     return (k0 + group - 1) // group * group + group * b
 
 
+# Block index of a packed grid's CTA whose slot holds no tile: past any sequence's blocks
+# (sequences shorter than 2**22 blocks), small enough that block arithmetic stays in int32.
+DEAD_SLOT = 1 << 22
+
+
+def packed_slots():
+    """How a packed grid maps CTAs to tiles, without a host-side work list or a device sync.
+
+    Sequence b owns the slots [f(b), f(b + 1)) with f(b) = cu[b] // block + b.  Its
+    ceil(len_b / block) tiles fit (a sequence crosses at most one block boundary more than it
+    has full blocks), at most one slot per sequence stays empty, and the slots of all
+    sequences number f(batch) = total // block + batch, known on the host.  Per head, the
+    grid repeats the slots of one sequence before the next: CTA i is slot i // heads of the
+    sequence-major order, i.e. sequence b holds CTAs [heads * f(b), heads * f(b + 1)), head
+    (i - heads * f(b)) // n_b and block (i - heads * f(b)) % n_b with n_b = f(b + 1) - f(b).
+
+        block 4, lengths 6, 3, 9 (cu 0, 6, 9, 18):  f = 0, 2, 4, 7
+        slot   0  1 | 2  3 | 4  5  6
+        seq    0  0 | 1  1 | 2  2  2
+        block  0  1 | 0  -  0  1  2        (- : empty slot, no work)
+
+    Finding b is a search over the monotone f: each thread of the CTA tests a few entries
+    (``find_slot``), one shared-memory exchange per ``threads`` entries."""
+
+
+def slot_range(cu, e, block):
+    """Slots [lo, hi) of sequence ``e`` (``packed_slots``'s f(e), f(e + 1)); ints or expressions."""
+    return cu[e] // block + e, cu[e + 1] // block + e + 1
+
+
+def slot_tile(ids, heads, first, slots):
+    """(block, head) of CTA ``ids`` in the sequence whose slots start at ``first`` and number
+    ``slots`` (``packed_slots``); ints or expressions."""
+    within = ids - heads * first
+    return within % slots, within // slots
+
+
+@T.macro
+def find_slot(cu, batch, block, slot, found, threads):
+    """``found`` (shared int32 [3]) <- (b, f(b), f(b + 1) - f(b)) for the sequence owning
+    ``slot`` (``packed_slots``), or (batch, slot, 1) for a slot no sequence owns (past the
+    last one, or any slot of offsets that are not monotone: then no thread writes)."""
+    tx = T.get_thread_binding()
+    key = T.alloc_var(T.int32, init=slot)
+    if tx == 0:
+        found[0] = batch
+        found[1] = key
+        found[2] = 1
+    T.sync_threads()
+    for r in T.serial(T.ceildiv(batch, threads)):
+        e = r * threads + tx
+        if e < batch:
+            first, end = slot_range(cu, e, block)
+            lo = T.alloc_var(T.int32, init=first)
+            hi = T.alloc_var(T.int32, init=end)
+            if lo <= key and key < hi:
+                found[0] = e
+                found[1] = lo
+                found[2] = hi - lo
+    T.sync_threads()
+
+
 def dense(B, Sq, Sk) -> Sequences:
     return Sequences(False, B, Sq, Sk)
 
 
-def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None, v_group=0) -> Sequences:
+def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None, v_group=0, rows_q=None, rows_k=None) -> Sequences:
     """``cu_*`` (batch + 1,) int32 row offsets, ``lens_*`` (batch,) int32 lengths used,
-    ``max_*`` int32 scalars bounding every length (grid extents); ``cu_stat`` (batch + 1,)
+    ``max_*`` int32 scalars bounding every length; ``cu_stat`` (batch + 1,)
     int32: where each sequence starts in the backward's LSE2/Delta (4-aligned); ``v_group``: an
-    FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b`` (``operands.v_offsets``)."""
-    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat, v_group)
+    FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b`` (``operands.v_offsets``);
+    ``rows_*``: the packed tensors' row counts (grid extents, ``packed_slots``)."""
+    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat, v_group, rows_q, rows_k)
 
 
 @T.macro
