@@ -7,8 +7,9 @@ sat on the same warps as the softmax, with two cp.async stages (16 KB) in flight
 Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
 
 - a producer warpgroup streams key blocks of FP8 K and V rows from HBM into a ring of raw
-  stages, ``num_stages`` blocks ahead: by TMA (boxes of ``TMA_BOX`` = 16 rows, each looked up
-  through the block table) when the page size is a multiple of 16 or the cache is contiguous,
+  stages, ``num_stages`` blocks ahead: by TMA (one box per block when blocks sit on one page:
+  a contiguous cache or pages of a multiple of ``block_n`` keys; else boxes of ``TMA_BOX`` = 16
+  rows, each looked up through the block table) when the page size is a multiple of 16,
   else by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
   through the block table, so any page size works, as in ``decode.py``), each stage's full
   mbarrier completed by the copies themselves;
@@ -106,9 +107,9 @@ def decode_ws_kernel(
     Q rows and the block stream (the producer interleaves their blocks), and write partials
     that ``combine.py`` merges.
 
-    An FP8 cache: the producer copies FP8 blocks into the raw ring (TMA in boxes of ``tma_box``
-    rows when the page size is a multiple of it or the cache is contiguous, else by-row
-    cp.async) and each consumer widens its own blocks into its
+    An FP8 cache: the producer copies FP8 blocks into the raw ring (TMA: one box per block
+    when blocks sit on one page, boxes of ``tma_box`` rows when the page size is a multiple of
+    it; else by-row cp.async) and each consumer widens its own blocks into its
     own fp16 tile.  (Tried and measured slower, then removed: the producer widening every block
     (1.24-1.33x the bf16 cache against 1.53x), each producer thread widening its own copies,
     and the raw ring rotated against bank conflicts: NOTES, fifth and sixth sessions.)
@@ -121,7 +122,7 @@ def decode_ws_kernel(
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
-    box = tma_box or block_n  # cache rows per TMA box (FP8): pages of a multiple of it take TMA
+    box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
     assert block_n % box == 0
     acc = T.float32
     rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
@@ -191,10 +192,10 @@ def decode_ws_kernel(
                                    T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
-    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift):
+    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift, box):
         """The stream's ``u``-th block of K and V by TMA, as ``block_n // box`` boxes of ``box``
-        cache rows each (a box's keys sit on one page: the kernel takes this producer only for
-        page sizes that are multiples of ``box``, or a contiguous cache), into raw stage
+        cache rows each (a box's keys sit on one page: the kernel takes this path only for page
+        sizes that are multiples of ``box``, or a contiguous cache), into raw stage
         ``u % num_stages``, completing ``raw_full`` with their bytes.  Rows past the entry's
         keys (or before its left padding) are read too, and zeroed by ``widen_mine``."""
         if u < total:
@@ -242,15 +243,19 @@ def decode_ws_kernel(
                                                             T.cast(0, WIDE))
 
     @T.macro
-    def raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size, page_shift,
-                     by_tma):
-        """The FP8 producer only copies, ``num_stages`` blocks ahead of the
-        consumers: by TMA (``by_tma``) or by-row cp.async, each thread's arrival on the stage's
-        full barrier when its copies land.  A stage is refilled once its consumer has widened it."""
+    def raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size, page_shift):
+        """The FP8 producer only copies, ``num_stages`` blocks ahead of the consumers: one TMA box
+        per block when every block sits on one page (a contiguous cache, or pages of a multiple
+        of ``block_n`` keys), boxes of ``box`` rows when the pages are multiples of ``box``
+        (vLLM's 16), else by-row cp.async, each thread's arrival on the stage's full barrier
+        when its copies land.  A stage is refilled once its consumer has widened it.  (16-row
+        boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)"""
         for u in T.serial(total):
             T.barrier_wait(raw_empty[u % num_stages], ((u // num_stages) & 1) ^ 1)  # a fresh barrier passes parity 1
-            if by_tma:
-                tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift)
+            if T.Or(page_shift == 31, page_size % block_n == 0):
+                tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift, block_n)
+            elif box < block_n and page_size % box == 0:
+                tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift, box)
             else:
                 issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, total, stream_block(u, n1, tile.kb_first, tile.per_split),
                              pt, page_size, page_shift)
@@ -298,10 +303,8 @@ def decode_ws_kernel(
                 total = tile.my_blocks + n1
 
                 if widen:
-                    # TMA copies when every box of rows sits on one page (a contiguous cache, or
-                    # pages of a multiple of ``box`` keys: vLLM's 16 included), else by-row cp.async.
                     raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size,
-                                 page_shift, T.Or(page_shift == 31, page_size % box == 0))
+                                 page_shift)
                 else:
                     for u in T.serial(total):
                         T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)
