@@ -9,10 +9,14 @@ set -uo pipefail
 out=$1; shift
 mkdir -p "$out"
 site=${PYTHONPATH%%:*}
+# Each run starts in its own tree: `python3 -m` puts the working directory first on sys.path,
+# so PYTHONPATH alone would import the working tree's flashtile for the old run as well (it did
+# until the seventh session: the second session's "A/B" timed the same code three times).
+out=$(realpath "$out")
 for run in new1 old new2; do
   tree=$PWD; [ "$run" = old ] && tree=$PWD/.abtest
-  PYTHONPATH=$site:$tree timeout "${AB_S:-100}" python3 -m flashtile.bench --backends flashtile cudnn "$@" \
-    --json "$out/$run.json" --markdown "$out/$run.md" > "$out/$run.log" 2>&1
-  echo "== $run ($tree): rc $?"
+  (cd "$tree" && PYTHONPATH=$site:$tree timeout "${AB_S:-100}" python3 -m flashtile.bench --backends flashtile cudnn "$@" \
+    --json "$out/$run.json" --markdown "$out/$run.md" > "$out/$run.log" 2>&1)
+  echo "== $run ($tree): rc $? ($(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import flashtile; print(flashtile.__file__)' "$tree"))"
   grep -E "^\| (full|causal|window)" "$out/$run.md" | cut -d'|' -f2-8
 done

@@ -235,6 +235,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="time packed variable-length batches instead (flashtile.bench_varlen: varlen vs padded, "
                         "equal-length, nested-jagged SDPA, a per-sequence loop, flash-attn); honours --headdim, "
                         "--nheads, --causal, --mode, --dtype, timing and --json/--markdown")
+    g.add_argument("--varlen-backends", nargs="+", metavar="NAME",
+                   help="with --varlen: only these of flashtile-varlen, flashtile-padded, flashtile-equal, "
+                        "sdpa-nested, loop, flash-attn (default all)")
     o = parser.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="every figure with the environment")
     o.add_argument("--csv", metavar="PATH", help="one row per (case, mode, backend), environment columns included")

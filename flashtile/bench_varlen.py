@@ -331,7 +331,12 @@ def run(args: argparse.Namespace) -> int:
     if device == "cpu":
         torch.set_num_threads(args.cpu_threads)
     try:
-        rows = sweep(cases, modes, BACKENDS, device, dtype, timer, check=not args.no_check, time_limit=args.time_limit)
+        wanted = getattr(args, "varlen_backends", None) or BACKENDS
+        unknown = sorted(set(wanted) - set(BACKENDS))
+        if unknown:
+            raise SystemExit(f"flashtile bench --varlen-backends: unknown {', '.join(unknown)} (from {', '.join(BACKENDS)})")
+        backends = [b for b in BACKENDS if b in wanted]
+        rows = sweep(cases, modes, backends, device, dtype, timer, check=not args.no_check, time_limit=args.time_limit)
     finally:
         torch.set_num_threads(threads)
     rel = ratios(rows)
