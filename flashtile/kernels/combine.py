@@ -19,7 +19,7 @@ from .target import PASS_CONFIGS, TARGET
 from .softmax import LN2, LOG2E
 
 BLOCK_R = 4  # query rows per CTA
-UNROLL = 16  # splits whose partial outputs are loaded at once (independent loads in flight)
+UNROLL = 8  # splits whose partial outputs are loaded at once (independent loads in flight)
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -76,18 +76,17 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK
             T.copy(lse_all, w_s)
             T.clear(o)
             # UNROLL splits per step, unguarded: their loads are independent, so they overlap
-            # instead of paying one round trip per split (B = 1 decode: 29-33 splits).  The last
-            # step's splits past ``num_splits`` load the last split's row again (clamped, so
-            # the loads stay unconditional) with weight 0 (their lse is -inf above): two round
-            # trips for 32 splits, where the remainder done one split at a time took up to 15
-            # more.  (A guarded step, loads inside `sp < num_splits`, ran the combine 2x slower
-            # than the plain serial loop on the H100; ncu put the old loop at 6.3 us of a
-            # 29-split B=1 8k decode step.)
-            for s0 in T.serial(T.ceildiv(num_splits, UNROLL)):
+            # instead of paying one round trip per split (B = 1 decode: 29 splits); then the
+            # remainder one by one.  (A guarded step, loads inside `sp < num_splits`, ran the
+            # combine 2x slower than the plain serial loop on the H100.)
+            for s0 in T.serial(num_splits // UNROLL):
                 for u in T.unroll(UNROLL):
                     for i, c in T.Parallel(block_r, dim_v):
-                        sp = T.min(s0 * UNROLL + u, num_splits - 1)
-                        o[i, c] += w_s[i, s0 * UNROLL + u] * Opart[sp * RQ + row_s[i], c]
+                        o[i, c] += w_s[i, s0 * UNROLL + u] * Opart[(s0 * UNROLL + u) * RQ + row_s[i], c]
+            for s1 in T.serial(num_splits % UNROLL):
+                for i, c in T.Parallel(block_r, dim_v):
+                    sp = num_splits - num_splits % UNROLL + s1
+                    o[i, c] += w_s[i, sp] * Opart[sp * RQ + row_s[i], c]
             for i in T.Parallel(block_r):
                 if has_sinks:
                     l[i] += T.exp2((Sinks[head_s[i]] - m[i]) * LOG2E)
