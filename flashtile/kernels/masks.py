@@ -5,7 +5,8 @@ One mask covers every kind: with ``off = len_k - len_q`` of the tile's sequence
 ``j < len_k`` (and ``j >= key_lo`` where a KV cache has left padding).  The host passes ``UNBOUNDED`` for a side the user left at -1 and ``right = 0``
 for causal, so full, causal, sliding-window and causal+window attention are the same kernel
 with different runtime numbers.  In a packed (varlen) batch rows past ``len_q`` hold the next
-sequence's queries, so there the row is checked too (``Sequence.rows_checked``).
+sequence's queries, so the backward checks the row too (``Sequence.rows_checked``; the forward
+computes those rows and never stores them).
 """
 
 from __future__ import annotations

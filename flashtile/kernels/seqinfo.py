@@ -48,6 +48,8 @@ class Sequence:
         # First column of the sequence in an FP8 forward's V^T (``operands``: 16-aligned).
         self.v0 = v0
         self.off = len_k - len_q if off is None else off  # a caller may hold it in a register
+        # Packed rows past len_q are the next sequence's: the backward must mask them (they
+        # would add to this sequence's dK/dV); the forward need not (``Sequences.of``).
         self.rows_checked = varlen
         # First visible key (a KV cache's left padding), or None: every key from 0.
         self.key_lo = key_lo
@@ -118,9 +120,10 @@ class Sequences:
         h = T.alloc_var(T.int32, init=T.if_then_else(live, T.max(T.min(head_of, heads - 1), 0), 0))[0]
         return bx, h, T.max(T.min(entry, self.batch - 1), 0)
 
-    def of(self, b) -> Sequence:
+    def of(self, b, check_rows: bool = True) -> Sequence:
         """The ``Sequence`` of batch entry ``b``; call inside the kernel (varlen allocates
-        registers for the loaded offsets)."""
+        registers for the loaded offsets).  ``check_rows=False``: the masks need not test a
+        packed tile's query rows against the sequence's end (``Sequence.rows_checked``)."""
         if not self.varlen:
             return Sequence(False, b, self.max_q, self.max_k)
         # Registers, not expressions: a load expression would be re-issued at every use.
@@ -130,7 +133,9 @@ class Sequences:
         len_k = T.alloc_var(T.int32, init=self._lens_k[b])[0]
         s0 = None if self._cu_stat is None else T.alloc_var(T.int32, init=self._cu_stat[b])[0]
         v0 = v_column_start(k0, b, self._v_group) if self._v_group else 0
-        return Sequence(True, b, len_q, len_k, q0, k0, s0, v0=v0)
+        seq = Sequence(True, b, len_q, len_k, q0, k0, s0, v0=v0)
+        seq.rows_checked = check_rows
+        return seq
 
 
 def v_column_start(k0, b, group: int):
