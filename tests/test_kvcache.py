@@ -475,8 +475,6 @@ def test_build_decode(d, dv, dtype, sinks, softcap):
     for name in ("int B", "int Sq", "int H", "int Hkv", "int page_size", "int num_splits"):
         assert name in src, f"{name} should be a runtime argument"
     assert ("tanh" in src) == softcap
-    # With splits, the last split of a row tile merges them (no combine launch): fence + counter.
-    assert "__threadfence" in src and "AtomicAddRet" in src, "the split decode should merge its own splits"
     if d == dv:
         assert "cp_async" in src, "K/V tiles should stream through cp.async"
         assert "cp_async_gs_conditional<4>" not in src and "<16>" in src, "K/V copies should be 16-byte vectors"

@@ -22,70 +22,6 @@ BLOCK_R = 4  # query rows per CTA
 UNROLL = 8  # splits whose partial outputs are loaded at once (independent loads in flight)
 
 
-def merge_rows(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK_R, max_splits: int = 128):
-    """``(buffers, merge)``: the merge of ``block_r`` query rows' split partials, as a macro for
-    any 128-thread kernel (the combine kernel below; the decode kernel, whose last split of a
-    row tile merges that tile's rows itself, ``decode.decode_kernel``).
-
-    ``buffers()`` allocates the merge's fragments and shared tables inside the kernel;
-    ``merge(Opart, LSEpart, O, LSE, Sinks, RQ, num_splits, live, bufs)`` merges the rows whose
-    query row, head and lse index the caller put in the tables ``row_s``, ``head_s``,
-    ``lrow_s`` (``bufs[0:3]``; rows that are not ``live(i)`` are read, clamped by the caller
-    to a real row, and never written)."""
-    acc = T.float32
-    neg_inf = -T.infinity(acc)
-
-    def buffers():
-        return (T.alloc_shared([block_r], T.int32), T.alloc_shared([block_r], T.int32),
-                T.alloc_shared([block_r], T.int32), T.alloc_fragment([block_r, max_splits], acc),
-                T.alloc_shared([block_r, max_splits], acc), T.alloc_fragment([block_r], acc),
-                T.alloc_fragment([block_r], acc), T.alloc_fragment([block_r], acc),
-                T.alloc_fragment([block_r], acc), T.alloc_fragment([block_r, dim_v], acc))
-
-    @T.macro
-    def merge(Opart, LSEpart, O, LSE, Sinks, RQ, num_splits, live, bufs):
-        row_s, head_s, lrow_s, lse_all, w_s, m, w, l, lse, o = bufs
-        # Every split's lse at once (no serial chain of dependent loads), then max and sum.
-        for i, s in T.Parallel(block_r, max_splits):
-            lse_all[i, s] = T.if_then_else(T.And(s < num_splits, live(i)), LSEpart[s * RQ + row_s[i]], neg_inf)
-        T.reduce_max(lse_all, m, dim=1)
-        for i in T.Parallel(block_r):
-            if has_sinks:
-                m[i] = T.max(m[i], Sinks[head_s[i]])
-            m[i] = T.if_then_else(m[i] == neg_inf, 0, m[i])
-        for i, s in T.Parallel(block_r, max_splits):
-            lse_all[i, s] = T.exp2((lse_all[i, s] - m[i]) * LOG2E)  # -inf (empty split / past num_splits) -> 0
-        T.reduce_sum(lse_all, l, dim=1)
-        T.copy(lse_all, w_s)
-        T.clear(o)
-        # UNROLL splits per step, unguarded: their loads are independent, so they overlap
-        # instead of paying one round trip per split (B = 1 decode: 29 splits); then the
-        # remainder one by one.  (A guarded step, loads inside `sp < num_splits`, ran the
-        # combine 2x slower than the plain serial loop on the H100; a last step clamped to the
-        # last split instead of the remainder loop measured no faster: NOTES, seventh session.)
-        for s0 in T.serial(num_splits // UNROLL):
-            for u in T.unroll(UNROLL):
-                for i, c in T.Parallel(block_r, dim_v):
-                    o[i, c] += w_s[i, s0 * UNROLL + u] * Opart[(s0 * UNROLL + u) * RQ + row_s[i], c]
-        for s1 in T.serial(num_splits % UNROLL):
-            for i, c in T.Parallel(block_r, dim_v):
-                sp = num_splits - num_splits % UNROLL + s1
-                o[i, c] += w_s[i, sp] * Opart[sp * RQ + row_s[i], c]
-        for i in T.Parallel(block_r):
-            if has_sinks:
-                l[i] += T.exp2((Sinks[head_s[i]] - m[i]) * LOG2E)
-            lse[i] = T.if_then_else(l[i] > 0, T.log2(l[i]) * LN2 + m[i], neg_inf)
-            w[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
-        for i, c in T.Parallel(block_r, dim_v):
-            if live(i):
-                O[row_s[i], c] = T.cast(o[i, c] * w[i], dtype)
-        for i in T.Parallel(block_r):
-            if live(i):
-                LSE[lrow_s[i]] = lse[i]
-
-    return buffers, merge
-
-
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
 def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK_R, threads: int = 128,
                    max_splits: int = 128):
@@ -96,7 +32,7 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK
     ``decode.MAX_SPLITS``)."""
     P, RQ, H = T.dynamic("P, RQ, H")
     acc = T.float32
-    buffers, merge = merge_rows(dim_v, dtype, has_sinks, block_r, max_splits)
+    neg_inf = -T.infinity(acc)
 
     @T.prim_func
     def main(
@@ -109,14 +45,58 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK
         num_splits: T.int32,
     ):
         with T.Kernel(T.ceildiv(RQ, block_r), threads=threads) as bx:
-            bufs = buffers()
-            row_s, head_s, lrow_s = bufs[0], bufs[1], bufs[2]  # the CTA's query rows, clamped
+            lse_all = T.alloc_fragment([block_r, max_splits], acc)
+            w_s = T.alloc_shared([block_r, max_splits], acc)
+            row_s = T.alloc_shared([block_r], T.int32)  # the CTA's query rows, clamped
+            head_s = T.alloc_shared([block_r], T.int32)
+            lrow_s = T.alloc_shared([block_r], T.int32)  # their index in the (B, H, Sq) lse
+            m = T.alloc_fragment([block_r], acc)
+            w = T.alloc_fragment([block_r], acc)
+            l = T.alloc_fragment([block_r], acc)
+            lse = T.alloc_fragment([block_r], acc)
+            o = T.alloc_fragment([block_r, dim_v], acc)
             r0 = bx * block_r
+
             # Per-row indices once (32-bit divisions), not inside the copy and store loops.
             for i in T.Parallel(block_r):
                 row_s[i] = T.min(r0 + i, RQ - 1)
                 head_s[i] = row_s[i] % H
                 lrow_s[i] = ((row_s[i] // H // seqlen_q) * H + head_s[i]) * seqlen_q + (row_s[i] // H) % seqlen_q
-            merge(Opart, LSEpart, O, LSE, Sinks, RQ, num_splits, lambda i: r0 + i < RQ, bufs)
+            # Every split's lse at once (no serial chain of dependent loads), then max and sum.
+            for i, s in T.Parallel(block_r, max_splits):
+                lse_all[i, s] = T.if_then_else(T.And(s < num_splits, r0 + i < RQ), LSEpart[s * RQ + row_s[i]], neg_inf)
+            T.reduce_max(lse_all, m, dim=1)
+            for i in T.Parallel(block_r):
+                if has_sinks:
+                    m[i] = T.max(m[i], Sinks[head_s[i]])
+                m[i] = T.if_then_else(m[i] == neg_inf, 0, m[i])
+            for i, s in T.Parallel(block_r, max_splits):
+                lse_all[i, s] = T.exp2((lse_all[i, s] - m[i]) * LOG2E)  # -inf (empty split / past num_splits) -> 0
+            T.reduce_sum(lse_all, l, dim=1)
+            T.copy(lse_all, w_s)
+            T.clear(o)
+            # UNROLL splits per step, unguarded: their loads are independent, so they overlap
+            # instead of paying one round trip per split (B = 1 decode: 29 splits); then the
+            # remainder one by one.  (A guarded step, loads inside `sp < num_splits`, ran the
+            # combine 2x slower than the plain serial loop on the H100.)
+            for s0 in T.serial(num_splits // UNROLL):
+                for u in T.unroll(UNROLL):
+                    for i, c in T.Parallel(block_r, dim_v):
+                        o[i, c] += w_s[i, s0 * UNROLL + u] * Opart[(s0 * UNROLL + u) * RQ + row_s[i], c]
+            for s1 in T.serial(num_splits % UNROLL):
+                for i, c in T.Parallel(block_r, dim_v):
+                    sp = num_splits - num_splits % UNROLL + s1
+                    o[i, c] += w_s[i, sp] * Opart[sp * RQ + row_s[i], c]
+            for i in T.Parallel(block_r):
+                if has_sinks:
+                    l[i] += T.exp2((Sinks[head_s[i]] - m[i]) * LOG2E)
+                lse[i] = T.if_then_else(l[i] > 0, T.log2(l[i]) * LN2 + m[i], neg_inf)
+                w[i] = T.if_then_else(l[i] > 0, 1.0 / l[i], 0)
+            for i, c in T.Parallel(block_r, dim_v):
+                if r0 + i < RQ:
+                    O[row_s[i], c] = T.cast(o[i, c] * w[i], dtype)
+            for i in T.Parallel(block_r):
+                if r0 + i < RQ:
+                    LSE[lrow_s[i]] = lse[i]
 
     return main

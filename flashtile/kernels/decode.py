@@ -34,10 +34,7 @@ built to keep HBM busy, not the tensor cores:
   at a boundary pay for the elementwise select;
 - ``num_splits == 1``: the epilogue folds in the sink and writes the output and lse directly.
   Otherwise each split writes its normalised partial output (fp32) and natural-log lse, and
-  the row tile's last split to finish merges them (``combine.merge_rows``; it folds in the
-  sink, once): each CTA counts itself in on the tile's counter after a ``__threadfence``, so
-  a split decode is one launch.  (``decode_ws``'s FP8 schedule still leaves the merge to
-  ``combine.py``'s kernel.)
+  ``combine.py`` merges them (and folds in the sink, once).
 
 Static structure (one compile each): dtype, head dims, sinks on/off, softcap on/off, tiles.
 Batch, heads, GQA ratio, query tokens, cache sizes, page size, lengths and splits are runtime.
@@ -58,7 +55,6 @@ from typing import NamedTuple
 import tilelang
 import tilelang.language as T
 
-from .combine import BLOCK_R, merge_rows
 from .masks import TileMask, host_window
 from .seqinfo import Sequence
 from .softmax import LOG2E, online_softmax, tile_fragments
@@ -229,16 +225,13 @@ def decode_prim_func(dim: int, dim_v: int, dtype: str, cache_dtype: str, kernel)
     each entry *after* the append; Leftpad (B,) int32 first visible key; O (RQ, dim_v) rows like
     Q and LSE (RQ,) fp32, the (B, H, Sq) lse flat (both written only when ``num_splits == 1``);
     Opart (P, dim_v) and LSEpart (P,) fp32 partials, row ``split * RQ + (b * Sq + t) * H + h``
-    (written only when ``num_splits > 1``); Sem (NS,) int32, one arrival counter per row tile
-    ``(b * Hkv + hk) * row_tiles + row_tile``, zero on entry and left zero (schedules that
-    merge their own splits, ``decode_kernel``; unused by ``decode_ws``); Sinks (H,) fp32 (read
-    only with sinks); KDescale /
+    (written only when ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); KDescale /
     VDescale (B, Hkv) fp32 (read by the FP8 schedule only); scalars ``score_scale``,
     ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``,
     ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two; 31 for a
     contiguous cache, whose visible keys all sit on page 0), ``Sq`` query tokens per entry.
     """
-    B, H, Hkv, NR, MB, P, RQ, NS = T.dynamic("B, H, Hkv, NR, MB, P, RQ, NS")
+    B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
     acc = T.float32
 
     @T.prim_func
@@ -253,7 +246,6 @@ def decode_prim_func(dim: int, dim_v: int, dtype: str, cache_dtype: str, kernel)
         LSE: T.Tensor([RQ], acc),
         Opart: T.Tensor([P, dim_v], acc),
         LSEpart: T.Tensor([P], acc),
-        Sem: T.Tensor([NS], T.int32),
         Sinks: T.Tensor([H], acc),
         KDescale: T.Tensor([B, Hkv], acc),
         VDescale: T.Tensor([B, Hkv], acc),
@@ -266,7 +258,7 @@ def decode_prim_func(dim: int, dim_v: int, dtype: str, cache_dtype: str, kernel)
         page_shift: T.int32,
         Sq: T.int32,
     ):
-        kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sem, Sinks, KDescale, VDescale, score_scale,
+        kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq)
 
     return main
@@ -309,39 +301,6 @@ def decode_kernel(
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap)
     load_queries, store = split_tile_io(dim, dim_v, dtype, dtype, has_sinks, has_softcap, block_n)
-    merge_buffers, merge = merge_rows(dim_v, dtype, has_sinks)
-
-    @T.macro
-    def merge_if_last(Opart, LSEpart, O, LSE, Sem, Sinks, tile, head_s, qrow_s, lrow_s, slot, RQ, num_splits, last_s,
-                      bufs):
-        """With splits: the row tile's last split to finish merges every split's partials of the
-        tile's rows (``combine.merge_rows``), so a split decode is one kernel, not a decode and a
-        combine launch (the combine's own launch and tail were ~4 us of a 17 us B=1 8k step).
-        The classic last-block pattern: each thread's partial stores are made visible device-wide
-        (``__threadfence``) before one thread counts the CTA in (``atomicAdd`` on the tile's
-        counter); the CTA that counts last fences again, resets the counter for the next call
-        and merges."""
-        tx = T.get_thread_binding()
-        T.call_extern("handle", "__threadfence")
-        T.sync_threads()
-        if tx == 0:
-            prev = T.alloc_var(T.int32, init=T.atomic_add(Sem[slot], 1, return_prev=True))
-            last_s[0] = T.if_then_else(prev == num_splits - 1, 1, 0)
-            if prev == num_splits - 1:
-                Sem[slot] = 0  # every split has counted in: ready for the next call
-        T.sync_threads()
-        if last_s[0] == 1:
-            T.call_extern("handle", "__threadfence")
-            n_real = T.alloc_var(T.int32, init=T.min(BLOCK_M, tile.rows - tile.r0))
-            row_s, mhead_s, mlrow_s = bufs[0], bufs[1], bufs[2]
-            for g in T.serial(T.ceildiv(n_real, BLOCK_R)):
-                for i in T.Parallel(BLOCK_R):
-                    row_s[i] = qrow_s[T.min(g * BLOCK_R + i, n_real - 1)]
-                    mhead_s[i] = head_s[T.min(g * BLOCK_R + i, n_real - 1)]
-                    mlrow_s[i] = lrow_s[T.min(g * BLOCK_R + i, n_real - 1)]
-                T.sync_threads()
-                merge(Opart, LSEpart, O, LSE, Sinks, RQ, num_splits, lambda i: g * BLOCK_R + i < n_real, bufs)
-                T.sync_threads()
     chunk = chunk_blocks
     per = chunk * block_n // threads  # keys each thread looks up per chunk
 
@@ -373,7 +332,7 @@ def decode_kernel(
                 row_s[u * threads + tx] = tab[u] * page_size + off[u]
 
     @T.macro
-    def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sem, Sinks, KDescale, VDescale, score_scale,
+    def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
         H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
         with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
@@ -383,8 +342,6 @@ def decode_kernel(
             row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
             tok_s, head_s, qrow_s, lrow_s = row_tables(block_m)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
-            last_s = T.alloc_shared([1], T.int32, scope="shared")  # this CTA counted in last
-            bufs = merge_buffers()
 
             tile = SplitTile(bx // num_splits, bx % num_splits, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
                              num_splits, block_n, KDescale, score_scale, cap_in, False, has_softcap)
@@ -434,10 +391,6 @@ def decode_kernel(
 
             store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
                   RQ, num_splits, None)
-            if num_splits > 1:
-                merge_if_last(Opart, LSEpart, O, LSE, Sem, Sinks, tile, head_s, qrow_s, lrow_s,
-                              (b * Hkv + hk) * T.ceildiv((H // Hkv) * Sq, block_m) + bx // num_splits, RQ, num_splits,
-                              last_s, bufs)
 
     return decode_prim_func(dim, dim_v, dtype, dtype, kernel)
 
@@ -509,16 +462,13 @@ def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
 
 
 class Schedule(NamedTuple):
-    """How one cache is decoded: the kernel builder and its tiles, CTAs resident per SM,
-    splits per CTA (``decode_ws`` runs two, one per consumer warpgroup), and whether the kernel
-    merges its own splits (``decode_kernel``: the last split of a row tile merges; else the
-    launcher runs ``combine.py``'s kernel after it)."""
+    """How one cache is decoded: the kernel builder and its tiles, CTAs resident per SM, and
+    splits per CTA (``decode_ws`` runs two, one per consumer warpgroup)."""
 
     kernel: object
     cfg: dict
     ctas_per_sm: int
     splits_per_cta: int
-    merges: bool = False
 
 
 def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None) -> Schedule:
@@ -535,7 +485,7 @@ def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = 
 def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override) -> Schedule:
     if cache_dtype is None and not ws_16bit:
         cfg = {**decode_config(dim, dim_v), **dict(override)}
-        return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1, merges=True)
+        return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1)
     from .decode_ws import CONSUMERS, decode_ws_kernel, ws_config
 
     cache_dtype = cache_dtype or dtype
@@ -621,13 +571,6 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         rows_total = num_splits * b * sq * h
         opart = debug.new_output((rows_total, dv), torch.float32, dev)
         lsepart = debug.new_output((rows_total,), torch.float32, dev)
-    # Arrival counters of a self-merging split decode, one per row tile: zeroed per call (a
-    # memset; the kernel leaves them zero again, but a buffer kept across calls would be shared
-    # by decode calls running at once on different streams).
-    if num_splits > 1 and sched.merges:
-        sem = torch.zeros(b * hkv * row_tiles, dtype=torch.int32, device=dev)
-    else:
-        sem = int32_constant("zeros", 1, dev)
     page_size = k_cache.shape[1]
     if block_table is None:
         # A contiguous cache is one page per entry: every visible key j < capacity < 2^31 is on
@@ -644,9 +587,9 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     else:
         kdesc = vdesc = debug.placeholder(b, hkv, device=dev)
     decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
-           out_rows, lse_rows, opart, lsepart, sem, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
+           out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
            page_size, page_shift, sq)
-    if num_splits > 1 and not sched.merges:
+    if num_splits > 1:
         combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, num_splits)
     return out, lse
 

@@ -262,7 +262,7 @@ def decode_ws_kernel(
                 T.cp_async_barrier_noinc(raw_full[u % num_stages])
 
     @T.macro
-    def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sem, Sinks, KDescale, VDescale, score_scale,
+    def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
         H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
         pairs = num_splits // 2
