@@ -115,3 +115,43 @@ def test_packed_grid_runs_every_real_tile_once(lens, heads, block):
         assert len(tiles) == len(set(tiles)), f"lens {lens}: a tile runs twice"
         if used == lens:
             assert grid - len(tiles) <= heads * len(lens), f"lens {lens}: {grid - len(tiles)} idle CTAs"
+
+
+class _Lengths:
+    """Stands in for ``seqinfo.Sequences`` in ``fwd_ws.item_tile``: a packed batch's lengths."""
+
+    def __init__(self, used):
+        self.used = used
+
+    def query_length(self, b):
+        return self.used[b]
+
+
+@pytest.mark.parametrize("lens", [[1], [0, 0, 5 * 128], [128, 128, 128], [127, 129, 1, 0, 1024, 255], [3000, 77, 640]])
+def test_packed_pairs_run_every_tile_once_with_balanced_causal_work(lens):
+    """The packed paired forward (``fwd_ws.item_tile`` on a packed grid of two-tile slots):
+    every real tile of every (sequence, head) runs in exactly one CTA, each CTA holds a tile
+    and its mirror (equal causal work: n + 1 key blocks), and empty slots hold nothing."""
+    from flashtile.kernels.fwd_ws import item_tile
+    from flashtile.kernels.seqinfo import slot_range, slot_tile
+
+    block, heads = 128, 2
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    seqs, seen = _Lengths(lens), []
+    for ids in range(heads * (cu[-1] // (2 * block) + len(lens))):
+        owner = [e for e in range(len(lens)) if slot_range(cu, e, 2 * block)[0] <= ids // heads < slot_range(cu, e, 2 * block)[1]]
+        if not owner:
+            continue
+        lo, hi = slot_range(cu, owner[0], 2 * block)
+        pair, h = slot_tile(ids, heads, lo, hi - lo)
+        tiles = [tuple(_value(v) for v in item_tile(None, half, None, None, heads, seqs, (pair, h, owner[0]), block))
+                 for half in (0, 1)]
+        real = [(b, hh, bx) for hh, b, bx, is_real in tiles if is_real]
+        n = -(-lens[owner[0]] // block)
+        work = sum(n - bx for _, _, bx in real)
+        assert not real or work == n + 1 or (len(real) == 1 and n % 2 == 1), f"CTA {ids}: {real} hold {work} blocks"
+        seen += real
+    want = [(e, h, bx) for e, n in enumerate(lens) for h in range(heads) for bx in range(-(-n // block))]
+    assert sorted(seen) == sorted(want), f"lens {lens}: tiles {sorted(set(want) ^ set(seen))[:5]} wrong or twice"
