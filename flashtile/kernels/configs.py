@@ -120,9 +120,8 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     """Forward tiles.  128 query rows = two consumer warpgroups of 64 rows each; the key
     block shrinks with the head dim so K/V stages plus the output tile fit in 228 KB of
     shared memory and S/P plus O fit in the register file.  Packed (``varlen``) batches run
-    one pair of mirror tiles per CTA where dense ones walk pairs persistently (the persistent
-    walk needs every row's block count, which a packed batch only has on the device), else one
-    tile per CTA."""
+    one tile per CTA: the persistent walk pairs mirror blocks of a row and needs every row's
+    block count, which a packed batch only has on the device."""
     if "fwd" in overrides:
         return overrides["fwd"]
     if dtype in (FP8_DTYPE, "float8_e4m3fn"):
@@ -130,8 +129,7 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     if varlen:
         from dataclasses import replace
 
-        dense = fwd_config(dim, dim_v, dtype, kind)
-        return replace(dense, tiles_per_cta=1 if dense.tiles_per_cta == 1 else 2)
+        return replace(fwd_config(dim, dim_v, dtype, kind), tiles_per_cta=1)
     widest = max(dim, dim_v)
     if widest <= 64:
         # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short

@@ -75,20 +75,6 @@ def gemm_turns(pingpong: bool, n_wg: int):
     return take_turn, pass_turn
 
 
-def item_tile(item, half, n_qb, pairs, H, seqs, packed, block_m):
-    """(h, b, bx, real) of tile ``half`` (0 or 1) of the paired schedule's work item ``item``:
-    ``schedule.tile_pair`` for a dense batch.  Packed (``packed`` = the CTA's (pair p, head,
-    sequence) from ``Sequences.tile``): the mirror tiles ``p`` and ``n - 1 - p`` of the
-    sequence's ``n`` query blocks, as ``tile_pair`` pairs a dense row's; a pair slot past the
-    sequence's pairs holds no tile."""
-    if packed is None:
-        return tile_pair(item, half, n_qb, pairs, H)
-    p, h, b = packed
-    n = T.ceildiv(seqs.query_length(b), block_m)
-    mirror = n - 1 - p
-    return h, b, T.if_then_else(half == 0, p, mirror), T.And(p < T.ceildiv(n, 2), T.Or(half == 0, mirror != p))
-
-
 def fwd_ws_prim_func(
     dim: int,
     dim_v: int,
@@ -108,12 +94,11 @@ def fwd_ws_prim_func(
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
     1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (``num_sms`` CTAs, one
-    per SM of the device, walk all pairs).  Packed (``varlen``) batches take 1 or 2: their
-    pairs come from a packed grid of pair slots (``seqinfo.packed_slots`` with blocks of two
-    tiles), each CTA's sequence found once at its start."""
+    per SM of the device, walk all pairs).  Packed (``varlen``) batches take the one-tile
+    schedule: the pairs mirror blocks of one row, which needs every row's block count."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
-    assert tiles_per_cta in (1, 2) or not varlen, "packed batches run one tile or one pair per CTA"
+    assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     ops = Operands(dtype, out_dtype)
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
@@ -159,30 +144,16 @@ def fwd_ws_prim_func(
                         rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
 
     @T.macro
-    def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, lse_s, O, LSE, sink, score_scale, m0, h, seq,
-                 out_scale=None):
-        """Normalise and store one tile's output and log-sum-exp (the paired schedule): through
-        ``o_s`` (and ``lse_s``), then dense by TMA, packed by row-guarded copies (the next
-        sequence's rows follow; straight from registers, the epilogue spilled 224 B here,
-        where it overlaps the next tile's softmax)."""
+    def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, seq, out_scale=None):
+        """Normalise and store one tile's output (through ``o_s``, by TMA) and log-sum-exp
+        (the paired schedule: dense batches only)."""
         finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale, out_scale)
-        if seq.varlen:
-            T.sync_threads(CONSUMERS_SYNC, threads)  # the last tile's copies have read o_s
-            T.copy(o, o_s)
-            T.copy(lse, lse_s)
-            T.sync_threads(CONSUMERS_SYNC, threads)  # all of o_s written
-            for i, j in T.Parallel(block_m, dim_v):
-                if m0 + i < seq.len_q:
-                    O[seq.b, seq.q0 + m0 + i, h, j] = o_s[i, j]
-                    if j == 0:
-                        LSE[seq.b, h, seq.q0 + m0 + i] = lse_s[i]
-        else:
-            T.sync_threads(CONSUMERS_SYNC, threads)  # the last TMA store has read o_s
-            T.copy(o, o_s)
-            T.fence_proxy_async()
-            T.sync_threads(CONSUMERS_SYNC, threads)  # all of o_s written
-            T.copy(o_s, seq.q_rows(O, m0, block_m, h))
-            T.copy(lse, seq.stat(LSE, h, m0, block_m))
+        T.sync_threads(CONSUMERS_SYNC, threads)  # the last TMA store has read o_s
+        T.copy(o, o_s)
+        T.fence_proxy_async()
+        T.sync_threads(CONSUMERS_SYNC, threads)  # all of o_s written
+        T.copy(o_s, seq.q_rows(O, m0, block_m, h))
+        T.copy(lse, seq.stat(LSE, h, m0, block_m))
 
     @T.macro
     def one_tile_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
@@ -252,8 +223,7 @@ def fwd_ws_prim_func(
         H, Hkv = Q.shape[2], K.shape[2]
         n_qb = T.ceildiv(seqs.max_q, block_m)
         pairs = T.ceildiv(n_qb, 2)
-        # Packed: one CTA per slot of a packed grid whose blocks are pairs of tiles.
-        n_items = seqs.grid(2 * block_m, H)[0] if seqs.varlen else pairs * H * seqs.batch
+        n_items = pairs * H * seqs.batch
         grid = T.min(n_items, num_sms) if tiles_per_cta == 0 else n_items
         with T.Kernel(grid, threads=total) as cta:
             # Two Q buffers: the next tile's Q loads while this tile's last GEMMs read its own.
@@ -261,7 +231,6 @@ def fwd_ws_prim_func(
             k_s = T.alloc_shared([2, block_n, dim], dtype)
             v_s = T.alloc_shared(v_ring, dtype)
             o_s = T.alloc_shared([block_m, dim_v], ops.out_dtype)
-            lse_s = T.alloc_shared([block_m], acc) if seqs.varlen else None  # packed epilogue's stage
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
             m_last = T.alloc_fragment([block_m], acc)
             l_last = T.alloc_fragment([block_m], acc)
@@ -300,20 +269,14 @@ def fwd_ws_prim_func(
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
             groups = H // Hkv
-            if seqs.varlen:  # this CTA's pair: (pair index in its sequence, head, sequence), loaded once
-                packed_pair = seqs.tile(cta, 2 * block_m, H, total)
-                packed_seq = seqs.of(packed_pair[2], check_rows=False)
-            else:
-                packed_pair = None
-                packed_seq = None
 
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
                 for it in T.serial(T.ceildiv(n_items - cta, grid)):
                     for half in T.serial(2):
-                        h, b, bx, real = item_tile(cta + it * grid, half, n_qb, pairs, H, seqs, packed_pair, block_m)
+                        h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
                         tile_bx = bx
-                        seq = packed_seq if seqs.varlen else seqs.of(b)
+                        seq = seqs.of(b)
                         mask = TileMask(seq, left, right)
                         if real:
                             m0_e, kb_lo_e, n_blocks, _ = query_tile(tile_bx, block_m, block_n, mask)
@@ -344,9 +307,9 @@ def fwd_ws_prim_func(
                     pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
                 for it in T.serial(T.ceildiv(n_items - cta, grid)):
                     for half in T.serial(2):
-                        h, b, bx, real = item_tile(cta + it * grid, half, n_qb, pairs, H, seqs, packed_pair, block_m)
+                        h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
                         tile_bx = bx
-                        seq = packed_seq if seqs.varlen else seqs.of(b)
+                        seq = seqs.of(b)
                         mask = TileMask(seq, left, right)
                         if real:
                             m0_e, kb_lo_e, n_blocks, last_row_e = query_tile(tile_bx, block_m, block_n, mask)
@@ -384,7 +347,7 @@ def fwd_ws_prim_func(
                             T.wait_wgmma(0)
                             if tiles > 0:
                                 T.barrier_arrive(v_empty[prev_last % 2])
-                                epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, lse_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, packed_seq if seqs.varlen else seqs.of(prev_b), prev_vd)
+                                epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
                             T.clear(o)
                             cast_p(s, p)
                             block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
@@ -408,16 +371,13 @@ def fwd_ws_prim_func(
                                 prev_vd = tile_vd
                             phase = phase ^ (T.ceildiv(trips, 2) & 1)
                             tiles = tiles + 1
-                # The CTA's last tile: its P V and epilogue with nothing to overlap.  (A packed
-                # grid's CTA may hold no tile: its GEMM then adds P = 0 times a stale V tile to an
-                # O it never stores; no branch between the wgmmas.)
+                # The CTA's last tile: its P V and epilogue with nothing to overlap.
                 take_turn(wg)
                 T.wgmma_gemm(p, v_s[prev_last % 2, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)  # a runtime stage: no branch between the wgmmas
                 pass_turn(wg)
                 T.wait_wgmma(0)
                 T.barrier_arrive(v_empty[prev_last % 2])
-                if (tiles > 0) if seqs.varlen else True:
-                    epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, lse_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, packed_seq if seqs.varlen else seqs.of(prev_b), prev_vd)
+                epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
 
     return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel, out_dtype)
 

@@ -87,10 +87,6 @@ class Sequences:
         self._v_group = v_group
         self._rows_q, self._rows_k = rows_q, rows_k  # rows of the packed tensors
 
-    def query_length(self, b):
-        """Query rows of batch entry ``b`` (an expression; packed: a load)."""
-        return self._lens_q[b] if self.varlen else self.max_q
-
     def grid(self, block, heads, keys=False):
         """Launch extents, one CTA per tile of ``block`` query rows (``keys``: key rows) per head.
 
