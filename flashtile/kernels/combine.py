@@ -62,6 +62,12 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, block_r: int = BLOCK
                 row_s[i] = T.min(r0 + i, RQ - 1)
                 head_s[i] = row_s[i] % H
                 lrow_s[i] = ((row_s[i] // H // seqlen_q) * H + head_s[i]) * seqlen_q + (row_s[i] // H) % seqlen_q
+            # Programmatic dependent launch (the decode kernels trigger at their start, and
+            # TileLang launches a kernel that syncs with the PDL attribute): everything above
+            # (this CTA's launch and row indices) overlaps the decode kernel's tail; the
+            # partials are read only after griddepcontrol.wait, which waits for the decode
+            # grid to finish and its writes to be visible.
+            T.pdl_sync()
             # Every split's lse at once (no serial chain of dependent loads), then max and sum.
             for i, s in T.Parallel(block_r, max_splits):
                 lse_all[i, s] = T.if_then_else(T.And(s < num_splits, r0 + i < RQ), LSEpart[s * RQ + row_s[i]], neg_inf)

@@ -343,6 +343,10 @@ def decode_kernel(
             tok_s, head_s, qrow_s, lrow_s = row_tables(block_m)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
 
+            # Programmatic dependent launch: the combine kernel may launch (and wait, resident,
+            # in its griddepcontrol.wait) once every decode CTA has started, instead of after
+            # the last one ends.  A no-op when nothing depends on this launch.
+            T.pdl_trigger()
             tile = SplitTile(bx // num_splits, bx % num_splits, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
                              num_splits, block_n, KDescale, score_scale, cap_in, False, has_softcap)
             load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)

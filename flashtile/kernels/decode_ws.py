@@ -290,6 +290,7 @@ def decode_ws_kernel(
             tx = T.get_thread_binding()
             wg = T.alloc_var(T.int32, init=T.min(tx // 128, CONSUMERS))  # 2: the producer
             # This warpgroup's split (the producer's registers describe split 2c).
+            T.pdl_trigger()  # the combine may launch early (decode.decode_kernel)
             tile = SplitTile(bx // pairs, 2 * (bx % pairs) + wg % 2, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
                              num_splits, block_n, KDescale, score_scale, cap_in, widen, has_softcap)
             # Blocks of split 2c + 1, which the stream interleaves with split 2c's.
