@@ -78,13 +78,13 @@ def test_tile_pairs_cover_every_query_tile_once_with_balanced_causal_work(n_qb, 
 def _packed_grid_tiles(lens, used, block, heads):
     """Evaluate a packed grid CTA by CTA with ``seqinfo``'s own slot arithmetic (the search the
     kernel's threads share, done here by a scan): [(entry, head, block)] of the CTAs with work."""
-    from flashtile.kernels.seqinfo import slot_range, slot_tile
+    from flashtile.kernels.seqinfo import packed_slots, slot_range, slot_tile
 
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
     batch, tiles = len(lens), []
-    grid = heads * (cu[-1] // block + batch)  # Sequences.grid's extent
+    grid = heads * packed_slots(cu[-1], batch, block)  # Sequences.grid's extent
     for ids in range(grid):
         owners = [e for e in range(batch) if slot_range(cu, e, block)[0] <= ids // heads < slot_range(cu, e, block)[1]]
         assert len(owners) <= 1, f"slot {ids // heads} owned by {owners}"

@@ -97,7 +97,7 @@ class Sequences:
             return T.ceildiv(self.max_k if keys else self.max_q, block), heads, self.batch
         rows = self._rows_k if keys else self._rows_q
         assert rows is not None, "packed grids need the tensors' row count (seqinfo.packed rows_q / rows_k)"
-        return (heads * (rows // block + self.batch),)
+        return (heads * packed_slots(rows, self.batch, block),)
 
     def tile(self, ids, block, heads, threads, keys=False):
         """(block index, head, batch entry) of the CTA with launch indices ``ids`` (``grid``'s
@@ -151,8 +151,11 @@ def v_column_start(k0, b, group: int):
 DEAD_SLOT = 1 << 22
 
 
-def packed_slots():
-    """How a packed grid maps CTAs to tiles, without a host-side work list or a device sync.
+def packed_slots(rows, batch, block):
+    """Slots of a packed grid per head: ``rows // block + batch`` for ``rows`` packed rows of
+    ``batch`` sequences in tiles of ``block`` (ints or expressions).
+
+    How a packed grid maps CTAs to tiles, without a host-side work list or a device sync.
 
     Sequence b owns the slots [f(b), f(b + 1)) with f(b) = cu[b] // block + b.  Its
     ceil(len_b / block) tiles fit (a sequence crosses at most one block boundary more than it
@@ -169,6 +172,7 @@ def packed_slots():
 
     Finding b is a search over the monotone f: each thread of the CTA tests a few entries
     (``find_slot``), one shared-memory exchange per ``threads`` entries."""
+    return rows // block + batch
 
 
 def slot_range(cu, e, block):
