@@ -443,8 +443,7 @@ def flash_attn_with_kvcache(
     # the custom ops' dispatch (tens of microseconds of Python per call); traced: the ops.
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, sinks,
                k_descale, v_descale)
-    direct = (q.device.type in ops._FAST_DEVICES and ops._plain_eager(*tensors)
-              and not ops._needs_grad(*tensors))
+    direct = ops.eager_route(q.device, *tensors) == "impl"
     with torch.no_grad():
         if rotary_cos is not None:
             # q at cache_seqlens + t when causal or local, else every token at cache_seqlens;

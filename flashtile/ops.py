@@ -362,10 +362,26 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FAST_DEVICES = ("cpu", "cuda")  # others (meta, ...) go through the op and its fake impl
 
 
+def fast_eager(device: torch.device, *tensors) -> bool:
+    """The implementations may be called directly: ``device`` is one they run on and the call
+    is plain eager (``_plain_eager``)."""
+    return device.type in _FAST_DEVICES and _plain_eager(*tensors)
+
+
+def eager_route(device: torch.device, *tensors) -> str:
+    """How a forward entry point runs (every entry point's one rule): ``"op"`` when traced or
+    on another device (the custom op), ``"impl"`` in plain eager with nothing for autograd to
+    record (the implementation itself), ``"autograd"`` in plain eager with gradients (the entry
+    point's eager ``autograd.Function``)."""
+    if not fast_eager(device, *tensors):
+        return "op"
+    return "autograd" if _needs_grad(*tensors) else "impl"
+
+
 def _bwd(dout, dlse, q, k, v, out, lse, sinks, *args):
     # Grad mode is on in a backward only for create_graph=True: then the op, whose own
     # autograd (bwd_bwd) makes double backward work.
-    if not torch.is_grad_enabled() and q.device.type in _FAST_DEVICES and _plain_eager(dout, dlse, q, k, v, out, lse, sinks):
+    if not torch.is_grad_enabled() and fast_eager(q.device, dout, dlse, q, k, v, out, lse, sinks):
         return _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, *args)
     return attention_bwd(dout, dlse, q, k, v, out, lse, sinks, *args)
 
@@ -481,10 +497,11 @@ def attention(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
     custom-op dispatcher's per-call Python overhead.
     """
     tensors = (q, k, v, sinks, q_descale, k_descale, v_descale)
-    if q.device.type in _FAST_DEVICES and _plain_eager(*tensors):
-        if not _needs_grad(*tensors):
-            return _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
-                             q_descale, k_descale, v_descale, out_dtype)
+    route = eager_route(q.device, *tensors)
+    if route == "impl":
+        return _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
+                         q_descale, k_descale, v_descale, out_dtype)
+    if route == "autograd":
         q, k, v, sinks, q_descale, k_descale, v_descale = (None if t is None else _unwrap_if_dead(t) for t in tensors)
         options = (sinks, softmax_scale, window_left, window_right, softcap, deterministic, q_descale, k_descale,
                    v_descale, out_dtype)  # schema order (_OPTIONS)

@@ -352,7 +352,7 @@ def _grads(ctx, dout, dlse):
     q, k, v, out, lse, o = _saved(ctx)
     if dout is None:  # only lse was used downstream
         dout = torch.zeros_like(out)
-    if not torch.is_grad_enabled() and q.device.type in ops._FAST_DEVICES and ops._plain_eager(dout, dlse, q, k, v, out, lse, o.sinks):
+    if not torch.is_grad_enabled() and ops.fast_eager(q.device, dout, dlse, q, k, v, out, lse, o.sinks):
         dq, dk, dv, dsinks = _bwd_impl(dout, dlse, q, k, v, out, lse, o)
     else:  # traced, or create_graph=True (varlen_bwd has no autograd: double backward raises)
         dq, dk, dv, dsinks = varlen_bwd(dout, dlse, q, k, v, out, lse, *o)
@@ -398,9 +398,10 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, o: Options):
     """Differentiable (out, lse): the custom op when traced; in plain eager the implementation
     itself when autograd has nothing to record, else ``_EagerVarlen``."""
     tensors = (q, k, v, *(getattr(o, n) for n in _TENSOR_OPTIONS))
-    if q.device.type in ops._FAST_DEVICES and ops._plain_eager(*tensors):
-        if not ops._needs_grad(*tensors):
-            return _fwd_impl(q, k, v, o)
+    route = ops.eager_route(q.device, *tensors)
+    if route == "impl":
+        return _fwd_impl(q, k, v, o)
+    if route == "autograd":
         unwrap = ops._unwrap_if_dead
         return _eager_apply(unwrap(q), unwrap(k), unwrap(v), None if o.sinks is None else unwrap(o.sinks), o)
     return varlen_fwd(q, k, v, *o)
