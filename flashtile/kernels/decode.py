@@ -145,6 +145,12 @@ def cache_page(j, page_size, page_shift):
     return T.if_then_else(page_shift >= 0, T.shift_right(j, page_shift), j // page_size)
 
 
+def cache_row(BlockTable, b, j, pg, page_size):
+    """Flat cache row of key ``j`` of entry ``b``, whose logical page is ``pg`` (``cache_page``):
+    the page the block table maps it to, times the page size, plus its row within the page."""
+    return BlockTable[b, pg] * page_size + (j - pg * page_size)
+
+
 def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: bool, has_softcap: bool, block_n: int,
                   tile_rows: int = BLOCK_M, synced: bool = True):
     """Macros ``load_queries`` and ``store`` shared by the decode schedules (``block_n`` only

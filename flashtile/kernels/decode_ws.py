@@ -42,7 +42,7 @@ K/V tiles (64 KB) = 160 KB, one CTA (384 threads) per SM.
 import tilelang
 import tilelang.language as T
 
-from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, decode_prim_func, row_tables, split_tile_io
+from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
 from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
 
@@ -153,7 +153,7 @@ def decode_ws_kernel(
         if u < total and pt < block_n:
             j = T.alloc_var(T.int32, init=tile.key(kb * block_n + pt))
             pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
-            rows_s[u % 2, pt] = BlockTable[tile.b, pg] * page_size + (j - pg * page_size)
+            rows_s[u % 2, pt] = cache_row(BlockTable, tile.b, j, pg, page_size)
 
     @T.macro
     def issue(X, ring, rows_s, tile, u, total, pt, copies):
@@ -179,7 +179,7 @@ def decode_ws_kernel(
             sub = pt % per_row
             j = T.alloc_var(T.int32, init=tile.key(kb * block_n + r))
             pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
-            row = T.alloc_var(T.int32, init=BlockTable[tile.b, pg] * page_size + (j - pg * page_size))
+            row = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, j, pg, page_size))
             for c in T.serial(T.ceildiv(k_copies, per_row)):
                 if k_copies % per_row == 0 or sub + c * per_row < k_copies:
                     col = (sub + c * per_row) * per_copy
@@ -202,7 +202,7 @@ def decode_ws_kernel(
             n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
             for t in T.unroll(block_n // box):
                 pg = T.alloc_var(T.int32, init=cache_page(n0 + t * box, page_size, page_shift))
-                row0 = T.alloc_var(T.int32, init=BlockTable[tile.b, pg] * page_size + (n0 + t * box - pg * page_size))
+                row0 = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, n0 + t * box, pg, page_size))
                 T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[u % num_stages, t * box:(t + 1) * box, :],
                            barrier=raw_full[u % num_stages])
                 T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[u % num_stages, t * box:(t + 1) * box, :],
@@ -289,8 +289,8 @@ def decode_ws_kernel(
 
             tx = T.get_thread_binding()
             wg = T.alloc_var(T.int32, init=T.min(tx // 128, CONSUMERS))  # 2: the producer
-            # This warpgroup's split (the producer's registers describe split 2c).
             T.pdl_trigger()  # the combine may launch early (decode.decode_kernel)
+            # This warpgroup's split (the producer's registers describe split 2c).
             tile = SplitTile(bx // pairs, 2 * (bx % pairs) + wg % 2, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
                              num_splits, block_n, KDescale, score_scale, cap_in, widen, has_softcap)
             # Blocks of split 2c + 1, which the stream interleaves with split 2c's.
