@@ -81,8 +81,8 @@ GRID = [
     C(batch=1, length=8191, page=256),
     C(batch=3, length=8191, splits=1, h=32, hkv=8),
     C(batch=7, length=1000, h=8, hkv=1, causal=False),
-    # several row-lookup chunks per CTA (2048 keys each at the default tiles): the next chunk's
-    # page-table loads in flight while one streams; a page size that is not a power of two
+    # several row-lookup chunks per CTA (2048 keys each at the default tiles), each chunk's
+    # page-table loads issued together; a page size that is not a power of two
     C(batch=1, length=9000, page=16, splits=2, h=32, hkv=8),
     C(batch=2, length=5000, page=48, splits=1, h=32, hkv=8),
     # several query tokens (speculative decoding)

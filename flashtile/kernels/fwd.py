@@ -104,7 +104,8 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
     bounds (huge when unbounded).
     Packed (varlen): Q/K/V/O (1, total, heads, dim), LSE (1, H, total_q); after Sinks come
     CuQ, CuK (batch + 1,) int32 row offsets and LenQ, LenK (batch,) int32 lengths, and after
-    the scalars ``max_q``, ``max_k`` (int32, at least every length: the grid's extent).
+    the scalars ``max_q``, ``max_k`` (int32, at least every length; the packed grid sizes itself
+    by the tensors' row counts, ``seqinfo.packed_slots``, so the forward does not read them).
 
     FP8 (``dtype`` float8_e4m3fn, ``operands``): V is V^T, dense (B, Hkv, dim_v, keys padded to
     16) and packed (1, Hkv, dim_v, columns); O is ``out_dtype``; Sinks carries the descales

@@ -82,9 +82,10 @@ def query_tile(bx, block_m, block_n, mask):
     """Query block of CTA ``bx`` and the key blocks it visits: (m0, kb_lo, n_blocks, last_row).
 
     Query blocks run last-first: under a causal mask the last blocks have the most keys, and
-    starting the longest CTAs first balances the tail of the grid.  In a packed batch the grid
-    covers the longest sequence; a CTA past its own sequence's blocks gets ``m0 = len_q``
-    rounded up (no row to write) and no key block.
+    starting the longest CTAs first balances the tail of the grid.  In a packed batch a CTA
+    whose slot is past its sequence's blocks (``seqinfo.packed_slots``: at most one such slot
+    per sequence, or a dead slot) gets ``m0 = len_q`` rounded up (no row to write) and no key
+    block.
     """
     seq = mask.seq
     n_qb = T.ceildiv(seq.len_q, block_m)
@@ -101,8 +102,8 @@ def query_block_range(n0, block_n, block_m, mask):
     """Query blocks whose rows can see keys [n0, n0 + block_n): (first block, count, last key
     the interior test must cover).
 
-    In a packed batch a key block past its sequence's end (the grid covers the longest
-    sequence) sees no query.  The last key: in a dense batch the last key of the sequence in
+    In a packed batch a key block past its sequence's end (an empty slot of the packed grid,
+    ``seqinfo.packed_slots``) sees no query.  The last key: in a dense batch the last key of the sequence in
     the block, since the tensor's zero-filled rows past the end add nothing to dQ; in a packed
     batch the block's own last row, since the rows past the sequence's end are the next
     sequence's keys and must be masked (a tail block is never interior there)."""

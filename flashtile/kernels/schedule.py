@@ -3,7 +3,8 @@
 Grids: the forward and the deterministic dQ kernel launch (query block, head, batch) with the
 query blocks longest-first (``masks.query_tile``); the dK/dV kernels launch key blocks in
 ``grouped_tile`` order; the persistent forward walks ``tile_pair`` items.  Packed (varlen)
-batches size the grid by the longest sequence and give blocks past a sequence's end no work.
+batches launch a grid of real tiles instead, ordered sequence, head, block
+(``seqinfo.packed_slots``).
 
 
 The GPU starts CTAs roughly in index order, so the order decides two things that pull
