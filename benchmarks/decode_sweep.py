@@ -29,6 +29,11 @@ def parse(v: str) -> dict:
     return out
 
 
+def tiles(variant: dict) -> dict | None:
+    """A variant's tile parameters (``decode.CFG_OVERRIDE``): all but ``num_splits``."""
+    return {k: x for k, x in variant.items() if k != "num_splits"} or None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", nargs="+", required=True)
@@ -43,7 +48,7 @@ def main(argv=None) -> int:
     cache_dtype = "float8_e4m3fn" if args.fp8 else None
     if args.precompile:
         for v in variants:
-            dm.CFG_OVERRIDE = {k: x for k, x in v.items() if k != "num_splits"} or None
+            dm.CFG_OVERRIDE = tiles(v)
             dm.get_decode_kernels(128, 128, "bfloat16", False, False, cache_dtype)
         return 0
     from flashtile import flash_attn_with_kvcache
@@ -70,8 +75,7 @@ def main(argv=None) -> int:
         nbytes = 2 * B * L * HKV * D * kc.element_size()
         ref = None
         for v in variants:
-            tiles = {k: x for k, x in v.items() if k != "num_splits"}
-            dm.CFG_OVERRIDE = tiles or None
+            dm.CFG_OVERRIDE = tiles(v)
             splits = v.get("num_splits", 0)
             call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
                                                    num_splits=splits, **kw)
