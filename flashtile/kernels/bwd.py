@@ -89,8 +89,8 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
     """The dK/dV kernels' PrimFunc, one argument list for both schedules (see
     ``attention_bwd_dkdv``): ``kernel`` is the schedule's T.macro, called with the arguments
     and a ``seqinfo.Sequences``.  Packed (varlen) batches: tensors (1, total, heads, dim),
-    LSE2/Delta (1, H, Tqp) with sequence b's entries from CuStat[b] (4-aligned starts: TMA
-    loads them with the row innermost); CuQ, CuK, LenQ, LenK, CuStat follow dV and
+    LSE2/Delta (1, H, Tqp) with sequence b's entries from ``seqinfo.stat_start`` (4-aligned
+    starts: TMA loads them with the row innermost); CuQ, CuK, LenQ, LenK follow dV and
     ``max_q``, ``max_k`` end the list (as ``fwd.forward_prim_func``)."""
     acc = T.float32
     if not varlen:
@@ -135,7 +135,6 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         CuK: T.Tensor([Bc], T.int32),
         LenQ: T.Tensor([Bn], T.int32),
         LenK: T.Tensor([Bn], T.int32),
-        CuStat: T.Tensor([Bc], T.int32),
         score_scale: T.float32,
         sm_scale: T.float32,
         cap_in: T.float32,
@@ -145,7 +144,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         max_q: T.int32,
         max_k: T.int32,
     ):
-        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, CuStat, rows_q=Tq, rows_k=Tk)
+        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, stats=True, rows_q=Tq, rows_k=Tk)
         kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs)
 
     return main_varlen
@@ -191,7 +190,6 @@ def dq_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         CuK: T.Tensor([Bc], T.int32),
         LenQ: T.Tensor([Bn], T.int32),
         LenK: T.Tensor([Bn], T.int32),
-        CuStat: T.Tensor([Bc], T.int32),
         score_scale: T.float32,
         sm_scale: T.float32,
         cap_in: T.float32,
@@ -200,7 +198,7 @@ def dq_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         max_q: T.int32,
         max_k: T.int32,
     ):
-        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, CuStat, rows_q=Tq, rows_k=Tk)
+        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, stats=True, rows_q=Tq, rows_k=Tk)
         kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs)
 
     return main_varlen

@@ -66,7 +66,7 @@ def attention_fwd_kernel(
             # test, the d=64 packed forward spilled registers (NOTES, seventh session).
             seq = seqs.of(b, check_rows=False)
             mask = TileMask(seq, left, right)
-            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask)
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask, bottom_aligned=block_m != block_n)  # as fwd_ws's
             hk = h // (H // Hkv)
             score_scale, cap_in, out_scale = tile_scales(ops, Sinks, H, Hkv, seqs.batch, seq.batch, hk, score_scale, cap_in, has_softcap)
 

@@ -107,6 +107,10 @@ def fwd_ws_prim_func(
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)
     take_turn, pass_turn = gemm_turns(pingpong, n_wg)
+    # Tiles end at the sequence's end (``query_tile``) where that saves key blocks: with
+    # block_m == block_n both alignments visit the same blocks, and the clamp costs the paired
+    # d=128 kernel an 8-byte spill.
+    bottom_aligned = block_m != block_n
 
     @T.macro
     def rescale(o, alpha):
@@ -176,7 +180,7 @@ def fwd_ws_prim_func(
             # test, the d=64 packed forward spilled registers (NOTES, seventh session).
             seq = seqs.of(b, check_rows=False)
             mask = TileMask(seq, left, right)
-            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask)
+            m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask, bottom_aligned=bottom_aligned)
             score_scale, cap_in, out_scale = tile_scales(ops, Sinks, H, Hkv, seqs.batch, seq.batch, h // (H // Hkv), score_scale, cap_in, has_softcap)
             mask_args = (m0, last_row, mask, score_scale, cap_in)
             # Q's load starts before the register hand-over (setmaxnreg) the consumers wait for.
@@ -279,7 +283,7 @@ def fwd_ws_prim_func(
                         seq = seqs.of(b)
                         mask = TileMask(seq, left, right)
                         if real:
-                            m0_e, kb_lo_e, n_blocks, _ = query_tile(tile_bx, block_m, block_n, mask)
+                            m0_e, kb_lo_e, n_blocks, _ = query_tile(tile_bx, block_m, block_n, mask, bottom_aligned=bottom_aligned)
                             tile_m0 = m0_e
                             tile_kb_lo = kb_lo_e
                             tile_trips = pipelined_trips(n_blocks)  # a tile that sees no key takes one masked trip
@@ -312,7 +316,7 @@ def fwd_ws_prim_func(
                         seq = seqs.of(b)
                         mask = TileMask(seq, left, right)
                         if real:
-                            m0_e, kb_lo_e, n_blocks, last_row_e = query_tile(tile_bx, block_m, block_n, mask)
+                            m0_e, kb_lo_e, n_blocks, last_row_e = query_tile(tile_bx, block_m, block_n, mask, bottom_aligned=bottom_aligned)
                             tile_m0 = m0_e
                             tile_kb_lo = kb_lo_e
                             tile_last_row = last_row_e

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from . import cache, configs, debug, operands, target
+from . import cache, configs, debug, operands, seqinfo, target
 from .masks import host_window
 from .transpose_v import launch_transpose_v
 from .softmax import LOG2E
@@ -47,19 +47,6 @@ class Packed:
 
     def tensors(self) -> tuple:
         return self.cu_q, self.cu_k, self.lens_q, self.lens_k
-
-    def stat_layout(self, total_q: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Where the backward's per-row statistics (LSE2, Delta) of each sequence sit:
-        (cu_stat (batch + 1,) int32, the stat index of every query row (total_q,), rows of the
-        stat buffers).  Sequence b starts at ``4 * ceil(cu_q[b] / 4) + 4 * b``, a 16-byte
-        aligned float offset (TMA loads them with the row innermost, whose start must be
-        16-byte aligned); the gaps keep sequences apart.  No host sync: sizes are bounds."""
-        b = torch.arange(self.batch + 1, device=self.cu_q.device, dtype=torch.int32)
-        cu_stat = ((self.cu_q + 3) // 4) * 4 + 4 * b
-        rows = torch.arange(total_q, device=self.cu_q.device, dtype=torch.int32)
-        seq = torch.searchsorted(self.cu_q[1:].contiguous(), rows, right=True).clamp_(max=max(self.batch - 1, 0))
-        index = rows + (cu_stat - self.cu_q)[seq]
-        return cu_stat.contiguous(), index.long(), (total_q + 4 * (self.batch + 2) + 3) // 4 * 4
 
     def used_q_rows(self, total_q: int) -> torch.Tensor:
         """(total_q,) bool: the query rows some sequence uses."""
@@ -184,7 +171,7 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     from .bwd_preprocess import attention_bwd_preprocess
     from .cache import structure
 
-    prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse)
+    prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse, varlen=varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
     cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap)
     main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static)
@@ -231,19 +218,16 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
             dsinks = g.sum(dim=tuple(d for d in range(g.dim()) if d != g.dim() - 2)).to(sinks.dtype)
         return dq, dk, dv, dsinks
 
-    delta = torch.empty(b, h, (sq + 3) // 4 * 4, dtype=torch.float32, device=q.device)  # rows 16-byte aligned
-    lse2 = torch.empty_like(delta)
     varlen = packed is not None
     prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen)
-    prep(lead(out), lead(dout), lead(lse), lead(dlse.contiguous() if dlse is not None else lse), delta, lse2)
-    delta_rows = delta  # row-ordered, for dsinks
-    if varlen:  # spread the rows out so that every sequence starts 16-byte aligned (stat_layout)
-        cu_stat, index, stat_rows = packed.stat_layout(sq)
-        delta_p = torch.zeros(1, h, stat_rows, dtype=torch.float32, device=q.device)
-        lse2_p = torch.zeros_like(delta_p)
-        delta_p[:, :, index] = delta[:, :, :sq]
-        lse2_p[:, :, index] = lse2[:, :, :sq]
-        delta, lse2 = delta_p, lse2_p
+    dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
+    if varlen:  # each sequence's statistics start 16-byte aligned (seqinfo.stat_start); gaps hold 0
+        delta, lse2 = torch.zeros(2, 1, h, seqinfo.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
+        prep(lead(out), lead(dout), lead(lse), dlse_arg, delta, lse2, packed.cu_q, packed.lens_q, packed.max_q)
+    else:
+        delta = torch.empty(b, h, (sq + 3) // 4 * 4, dtype=torch.float32, device=q.device)  # rows 16-byte aligned
+        lse2 = torch.empty_like(delta)
+        prep(out, dout, lse, dlse_arg, delta, lse2)
 
     left, right = host_window(window)
     score_scale, cap_in = _scores(softmax_scale, softcap)
@@ -254,7 +238,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     key_blocks = -(-max_k // main_cfg.block_n)
     batch = packed.batch if varlen else b
     rows = configs.dkdv_rows_per_group(kind, h // hkv, batch * hkv, key_blocks, target.sm_count(q.device))
-    seq_args = (*packed.tensors(), cu_stat) if varlen else ()
+    seq_args = packed.tensors() if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
     tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)
     if deterministic:
@@ -268,9 +252,9 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
 
     dsinks = None
     if sinks is not None:
-        # lse = -inf with a sink: a -inf sink on a row that sees no key, or a row a packed
-        # batch leaves unused; neither takes part (exp(-inf - -inf) would be NaN).
-        lse3 = lse.reshape(b, h, sq)
-        weight = torch.where(torch.isinf(lse3), 0.0, torch.exp(sinks.float()[None, :, None] - lse3))
-        dsinks = (-(weight * delta_rows[:, :, :sq])).sum(dim=(0, 2)).to(sinks.dtype)
+        # dL/dsink = -sum over rows of exp(sink - lse) * Delta, from the statistics buffers:
+        # LSE2 = +inf where lse = -inf (a -inf sink on a row that sees no key) gives weight 0,
+        # and padding entries (Delta = 0) are left out before exp could overflow.
+        weight = torch.exp2(sinks.float()[None, :, None] * LOG2E - lse2)
+        dsinks = (-torch.where(delta == 0, 0.0, weight * delta)).sum(dim=(0, 2)).to(sinks.dtype)
     return dq, dk, dv, dsinks

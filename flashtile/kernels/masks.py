@@ -78,21 +78,32 @@ def pipelined_trips(n_blocks):
     return T.max(n_blocks, 1)
 
 
-def query_tile(bx, block_m, block_n, mask):
+def query_tile(bx, block_m, block_n, mask, bottom_aligned: bool = False):
     """Query block of CTA ``bx`` and the key blocks it visits: (m0, kb_lo, n_blocks, last_row).
 
     Query blocks run last-first: under a causal mask the last blocks have the most keys, and
     starting the longest CTAs first balances the tail of the grid.  In a packed batch a CTA
     whose slot is past its sequence's blocks (``seqinfo.packed_slots``: at most one such slot
-    per sequence, or a dead slot) gets ``m0 = len_q`` rounded up (no row to write) and no key
-    block.
+    per sequence, or a dead slot) gets ``m0 = len_q`` (no row to write) and no key block.
+
+    ``bottom_aligned`` (the forwards): tiles end at ``len_q - bx * block_m`` instead of
+    starting at multiples of ``block_m``, so when ``block_m`` does not divide the length the
+    short tile is the first one, which under a causal mask sees the fewest keys, not the last
+    one, which sees them all.  The first tile starts at row 0 (m0 clamped, never negative: no
+    read or write before a sequence's first row) and so overlaps the second; the rows both
+    compute get bitwise equal results (the extra key blocks are fully masked for them: they
+    add exactly 0 and rescale by exactly 1), so the double store is benign.  Rows x keys for
+    S = 1k / 4k / 16k causal at 192 x 128 tiles: 1.14 / 1.055 / 1.015x fewer blocks::
+
+        S = 448, block_m = 192:   top-aligned  [0,192) [192,384) [384,448)+pad  (pad: 128 idle rows x all keys)
+                                  bottom       [0,192) [64,256) [256,448)        (overlap: 128 rows x 2 blocks)
     """
     seq = mask.seq
     n_qb = T.ceildiv(seq.len_q, block_m)
-    m0 = (n_qb - 1 - bx) * block_m
+    m0 = T.max(seq.len_q - (bx + 1) * block_m, 0) if bottom_aligned else (n_qb - 1 - bx) * block_m
     if seq.varlen:
         live = bx < n_qb
-        m0 = T.if_then_else(live, m0, n_qb * block_m)
+        m0 = T.if_then_else(live, m0, seq.len_q if bottom_aligned else n_qb * block_m)
         kb_lo, n_blocks, last_row = key_block_range(m0, block_m, block_n, mask)
         return m0, kb_lo, T.if_then_else(live, n_blocks, 0), last_row
     return (m0, *key_block_range(m0, block_m, block_n, mask))

@@ -78,14 +78,15 @@ class Sequence:
 class Sequences:
     """The batch as the grid sees it: ``batch`` entries, at most ``max_q`` / ``max_k`` rows."""
 
-    def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, cu_stat=None,
+    def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, stats=False,
                  v_group=0, rows_q=None, rows_k=None):
         self.varlen = varlen
         self.batch, self.max_q, self.max_k = batch, max_q, max_k
         self._cu_q, self._cu_k, self._lens_q, self._lens_k = cu_q, cu_k, lens_q, lens_k
-        self._cu_stat = cu_stat
+        self._stats = stats  # the backward's statistics in the packed layout (``stat_start``)
         self._v_group = v_group
         self._rows_q, self._rows_k = rows_q, rows_k  # rows of the packed tensors
+        self._found = None  # the shared buffer of ``tile``'s search
 
     def grid(self, block, heads, keys=False):
         """Launch extents, one CTA per tile of ``block`` query rows (``keys``: key rows) per head.
@@ -108,8 +109,8 @@ class Sequences:
         if not self.varlen:
             return ids
         cu = self._cu_k if keys else self._cu_q
-        found = T.alloc_shared([3], T.int32, scope="shared")
-        find_slot(cu, self.batch, block, ids // heads, found, threads)
+        found = T.alloc_shared([3 + len(FOUND_FIELDS)], T.int32, scope="shared")
+        find_slot(cu, self.batch, block, ids // heads, found, threads, self._fields())
         entry = T.alloc_var(T.int32, init=found[0])[0]
         first = T.alloc_var(T.int32, init=found[1])[0]
         slots = T.alloc_var(T.int32, init=found[2])[0]
@@ -118,24 +119,51 @@ class Sequences:
         bx = T.alloc_var(T.int32, init=T.if_then_else(live, block_of, DEAD_SLOT))[0]
         # Clamped: offsets that are not monotone may make two threads write one triple.
         h = T.alloc_var(T.int32, init=T.if_then_else(live, T.max(T.min(head_of, heads - 1), 0), 0))[0]
-        return bx, h, T.max(T.min(entry, self.batch - 1), 0)
+        b = T.max(T.min(entry, self.batch - 1), 0)
+        self._found = found  # ``of(b)`` reads the sequence's offsets from here
+        return bx, h, b
+
+    def _fields(self):
+        """The per-sequence arrays in ``FOUND_FIELDS`` order."""
+        return self._cu_q, self._cu_k, self._lens_q, self._lens_k
 
     def of(self, b, check_rows: bool = True) -> Sequence:
         """The ``Sequence`` of batch entry ``b``; call inside the kernel (varlen allocates
-        registers for the loaded offsets).  ``check_rows=False``: the masks need not test a
+        registers for the loaded offsets).  In a packed kernel that called ``tile``, ``b`` must be
+        the entry ``tile`` returned.  ``check_rows=False``: the masks need not test a
         packed tile's query rows against the sequence's end (``Sequence.rows_checked``)."""
         if not self.varlen:
             return Sequence(False, b, self.max_q, self.max_k)
-        # Registers, not expressions: a load expression would be re-issued at every use.
-        q0 = T.alloc_var(T.int32, init=self._cu_q[b])[0]
-        k0 = T.alloc_var(T.int32, init=self._cu_k[b])[0]
-        len_q = T.alloc_var(T.int32, init=self._lens_q[b])[0]
-        len_k = T.alloc_var(T.int32, init=self._lens_k[b])[0]
-        s0 = None if self._cu_stat is None else T.alloc_var(T.int32, init=self._cu_stat[b])[0]
+        # Registers, not expressions: a load expression would be re-issued at every use.  After
+        # ``tile``, the search already loaded them into shared memory, saving the CTA a
+        # dependent global round trip before its first load (``b`` is then tile's entry: the
+        # name a kernel binds it to is a new variable, so no check can tell).
+        if self._found is not None:
+            fields = [self._found[3 + i] for i in range(len(FOUND_FIELDS))]
+        else:
+            fields = [f[b] for f in self._fields()]
+        q0, k0, len_q, len_k = (T.alloc_var(T.int32, init=f)[0] for f in fields)
+        s0 = T.alloc_var(T.int32, init=stat_start(q0, b))[0] if self._stats else None
         v0 = v_column_start(k0, b, self._v_group) if self._v_group else 0
         seq = Sequence(True, b, len_q, len_k, q0, k0, s0, v0=v0)
         seq.rows_checked = check_rows
         return seq
+
+
+def stat_start(q0, b):
+    """Entry where packed sequence ``b`` (first query row ``q0``) starts in the backward's
+    per-row statistics (LSE2, Delta): the first multiple of 4 at or past q0, plus ``4 * b``.
+    TMA loads them with the row innermost, whose start must be 16-byte aligned; the gaps keep
+    sequences apart and hold Delta = LSE2 = 0 (``launch.launch_backward``).  Ints, torch
+    tensors or TileLang expressions: the preprocess kernel writes and the main kernels read
+    through this one formula."""
+    return (q0 + 3) // 4 * 4 + 4 * b
+
+
+def stat_rows(total_q: int, batch: int) -> int:
+    """Length of a packed batch's statistics rows: past the last ``stat_start`` plus its rows,
+    rounded to 4 (host ints)."""
+    return (total_q + 4 * (batch + 2) + 3) // 4 * 4
 
 
 def v_column_start(k0, b, group: int):
@@ -187,17 +215,26 @@ def slot_tile(ids, heads, first, slots):
     return within % slots, within // slots
 
 
+# What ``find_slot`` copies of the sequence it finds, after (b, f(b), n_b): first query row,
+# first key row, query length, key length (``Sequences.of``).
+FOUND_FIELDS = ("q0", "k0", "len_q", "len_k")
+
+
 @T.macro
-def find_slot(cu, batch, block, slot, found, threads):
-    """``found`` (shared int32 [3]) <- (b, f(b), f(b + 1) - f(b)) for the sequence owning
-    ``slot`` (``packed_slots``), or (batch, slot, 1) for a slot no sequence owns (past the
-    last one, or any slot of offsets that are not monotone: then no thread writes)."""
+def find_slot(cu, batch, block, slot, found, threads, fields):
+    """``found`` (shared int32 [3 + len(FOUND_FIELDS)]) <- (b, f(b), f(b + 1) - f(b)) for the
+    sequence owning ``slot`` (``packed_slots``), then entry b of each array in ``fields``; or
+    (batch, slot, 1, 0, ...) for a slot no sequence owns (past the last one, or any slot of
+    offsets that are not monotone: then no thread writes).  Each thread loads its entries'
+    fields together with their offsets, so the search and the loads cost one round trip."""
     tx = T.get_thread_binding()
     key = T.alloc_var(T.int32, init=slot)
     if tx == 0:
         found[0] = batch
         found[1] = key
         found[2] = 1
+        for f in T.unroll(len(FOUND_FIELDS)):
+            found[3 + f] = 0
     T.sync_threads()
     for r in T.serial(T.ceildiv(batch, threads)):
         e = r * threads + tx
@@ -205,10 +242,13 @@ def find_slot(cu, batch, block, slot, found, threads):
             first, end = slot_range(cu, e, block)
             lo = T.alloc_var(T.int32, init=first)
             hi = T.alloc_var(T.int32, init=end)
+            values = [T.alloc_var(T.int32, init=f[e]) for f in fields]
             if lo <= key and key < hi:
                 found[0] = e
                 found[1] = lo
                 found[2] = hi - lo
+                for f, v in enumerate(values):
+                    found[3 + f] = v
     T.sync_threads()
 
 
@@ -216,13 +256,14 @@ def dense(B, Sq, Sk) -> Sequences:
     return Sequences(False, B, Sq, Sk)
 
 
-def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, cu_stat=None, v_group=0, rows_q=None, rows_k=None) -> Sequences:
+def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, stats=False, v_group=0, rows_q=None, rows_k=None) -> Sequences:
     """``cu_*`` (batch + 1,) int32 row offsets, ``lens_*`` (batch,) int32 lengths used,
-    ``max_*`` int32 scalars bounding every length; ``cu_stat`` (batch + 1,)
-    int32: where each sequence starts in the backward's LSE2/Delta (4-aligned); ``v_group``: an
-    FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b`` (``operands.v_offsets``);
-    ``rows_*``: the packed tensors' row counts (grid extents, ``packed_slots``)."""
-    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, cu_stat, v_group, rows_q, rows_k)
+    ``max_*`` int32 scalars bounding every length; ``stats``: the kernel indexes the
+    backward's LSE2/Delta, where sequence b starts at ``stat_start(cu_q[b], b)``; ``v_group``:
+    an FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b``
+    (``operands.v_offsets``); ``rows_*``: the packed tensors' row counts (grid extents,
+    ``packed_slots``)."""
+    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, stats, v_group, rows_q, rows_k)
 
 
 @T.macro
