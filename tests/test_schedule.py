@@ -75,7 +75,7 @@ def test_tile_pairs_cover_every_query_tile_once_with_balanced_causal_work(n_qb, 
     assert sorted(seen) == sorted(itertools.product(range(H), range(B), range(n_qb))), f"not every tile once: {seen}"
 
 
-def _packed_grid_tiles(lens, used, block, heads):
+def _packed_grid_tiles(lens, used, block, heads, head_group=1):
     """Evaluate a packed grid CTA by CTA with ``seqinfo``'s own slot arithmetic (the search the
     kernel's threads share, done here by a scan): [(entry, head, block)] of the CTAs with work."""
     from flashtile.kernels.seqinfo import packed_slots, slot_range, slot_tile
@@ -92,7 +92,7 @@ def _packed_grid_tiles(lens, used, block, heads):
             continue
         e = owners[0]
         lo, hi = slot_range(cu, e, block)
-        bx, h = slot_tile(ids, heads, lo, hi - lo)
+        bx, h = slot_tile(ids, heads, lo, hi - lo, head_group)
         assert 0 <= h < heads, f"CTA {ids}: head {h}"
         if bx * block < used[e]:  # masks.query_tile's / query_block_range's live test
             tiles.append((e, h, bx))
@@ -100,18 +100,28 @@ def _packed_grid_tiles(lens, used, block, heads):
 
 
 @pytest.mark.parametrize("block", [64, 128])
-@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("heads,head_group", [(1, 1), (3, 1), (3, 2), (8, 4)])
 @pytest.mark.parametrize(
     "lens",
     [[1], [0, 0, 5], [128, 128, 128], [127, 129, 1, 0, 256, 255], [64] * 9, [1000, 3, 77, 0, 513], [0], [300]],
 )
-def test_packed_grid_runs_every_real_tile_once(lens, heads, block):
+def test_packed_grid_runs_every_real_tile_once(lens, heads, head_group, block):
     """The packed grid (``seqinfo.packed_slots``): every (sequence, head, block) that holds
-    rows is some CTA's, exactly once, and at most one slot per sequence and head is empty."""
+    rows is some CTA's, exactly once, and at most one slot per sequence and head is empty,
+    whatever the head grouping (``slot_tile``; 3 heads in groups of 2 leave a short group)."""
     for used in (lens, [n // 2 for n in lens]):  # all rows, and seqused taking half
-        tiles, grid = _packed_grid_tiles(lens, used, block, heads)
+        tiles, grid = _packed_grid_tiles(lens, used, block, heads, head_group)
         want = [(e, h, bx) for e, n in enumerate(used) for h in range(heads) for bx in range(-(-n // block))]
         assert sorted(tiles) == sorted(want), f"lens {lens} used {used}: tiles {sorted(set(want) ^ set(tiles))[:5]} wrong"
         assert len(tiles) == len(set(tiles)), f"lens {lens}: a tile runs twice"
         if used == lens:
             assert grid - len(tiles) <= heads * len(lens), f"lens {lens}: {grid - len(tiles)} idle CTAs"
+
+
+def test_packed_head_groups_start_every_longest_tile_first():
+    """``slot_tile`` with a head group walks the group block-major: the group's heads all take
+    block 0 (a sequence's last, longest causal tile) before any takes block 1."""
+    from flashtile.kernels.seqinfo import slot_tile
+
+    order = [slot_tile(i, 4, 0, 3, 2) for i in range(12)]  # 4 heads, 3 blocks, groups of 2
+    assert order == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 2), (2, 3)], order

@@ -72,6 +72,20 @@ def attention_bwd_dkdv_ws(
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.macro
+    def staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk):
+        """dK/dV tiles -> memory through the K/V tiles (TMA stores; this schedule orders its
+        shared memory by hand)."""
+        # Both warpgroups' last GEMMs (dQ reads all of K) are done before K/V turn into the
+        # dK/dV staging tiles.
+        T.sync_threads(CONSUMERS_SYNC, threads)
+        T.copy(dk, k_s)
+        T.copy(dv, v_s)
+        T.fence_proxy_async()
+        T.sync_threads(CONSUMERS_SYNC, threads)
+        T.copy(k_s, seq.k_rows(dK, n0, block_n, hk))
+        T.copy(v_s, seq.k_rows(dV, n0, block_n, hk))
+
+    @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
         key_blocks = T.ceildiv(seqs.max_k, block_n)
@@ -197,19 +211,14 @@ def attention_bwd_dkdv_ws(
                             T.barrier_arrive(q_empty[st])
                             T.barrier_arrive(do_empty[st])
 
-                if varlen:  # row-guarded stores straight from registers
-                    seqinfo.store_k_tile(seq, dk, k_s, dK, n0, block_n, hk, dim)
-                    seqinfo.store_k_tile(seq, dv, v_s, dV, n0, block_n, hk, dim_v)
+                if varlen:
+                    if n0 + block_n <= seq.len_k:  # every row is the sequence's: as dense
+                        staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk)
+                    else:  # the sequence's tail tile: row-guarded stores from registers
+                        seqinfo.store_k_tail(seq, dk, dK, n0, block_n, hk, dim)
+                        seqinfo.store_k_tail(seq, dv, dV, n0, block_n, hk, dim_v)
                 else:
-                    # Both warpgroups' last GEMMs (dQ reads all of K) are done before K/V turn
-                    # into the dK/dV staging tiles.
-                    T.sync_threads(CONSUMERS_SYNC, threads)
-                    T.copy(dk, k_s)
-                    T.copy(dv, v_s)
-                    T.fence_proxy_async()
-                    T.sync_threads(CONSUMERS_SYNC, threads)
-                    T.copy(k_s, seq.k_rows(dK, n0, block_n, hk))
-                    T.copy(v_s, seq.k_rows(dV, n0, block_n, hk))
+                    staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk)
 
     return dkdv_prim_func(dim, dim_v, dtype, varlen, kernel)
 

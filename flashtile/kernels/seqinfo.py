@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import tilelang.language as T
 
+from .schedule import grouped_tile
+
 
 class Sequence:
     """Batch entry ``b`` of a tile, built once per tile and read-only.
@@ -100,12 +102,13 @@ class Sequences:
         assert rows is not None, "packed grids need the tensors' row count (seqinfo.packed rows_q / rows_k)"
         return (heads * packed_slots(rows, self.batch, block),)
 
-    def tile(self, ids, block, heads, threads, keys=False):
+    def tile(self, ids, block, heads, threads, keys=False, head_group=1):
         """(block index, head, batch entry) of the CTA with launch indices ``ids`` (``grid``'s
         extents).  Dense: the indices themselves.  Packed: found among the sequences by the
         CTA's ``threads`` threads together (one shared-memory exchange and barrier,
         ``packed_slots``); a CTA whose slot holds no tile gets a block index past every
-        sequence's end, so the kernels' own range checks give it no work."""
+        sequence's end, so the kernels' own range checks give it no work.  ``head_group``: the
+        order of a sequence's CTAs (``slot_tile``; ``schedule.packed_head_group``)."""
         if not self.varlen:
             return ids
         cu = self._cu_k if keys else self._cu_q
@@ -115,7 +118,7 @@ class Sequences:
         first = T.alloc_var(T.int32, init=found[1])[0]
         slots = T.alloc_var(T.int32, init=found[2])[0]
         live = entry < self.batch
-        block_of, head_of = slot_tile(ids, heads, first, slots)
+        block_of, head_of = slot_tile(ids, heads, first, slots, head_group)
         bx = T.alloc_var(T.int32, init=T.if_then_else(live, block_of, DEAD_SLOT))[0]
         # Clamped: offsets that are not monotone may make two threads write one triple.
         h = T.alloc_var(T.int32, init=T.if_then_else(live, T.max(T.min(head_of, heads - 1), 0), 0))[0]
@@ -208,11 +211,12 @@ def slot_range(cu, e, block):
     return cu[e] // block + e, cu[e + 1] // block + e + 1
 
 
-def slot_tile(ids, heads, first, slots):
+def slot_tile(ids, heads, first, slots, head_group=1):
     """(block, head) of CTA ``ids`` in the sequence whose slots start at ``first`` and number
-    ``slots`` (``packed_slots``); ints or expressions."""
-    within = ids - heads * first
-    return within % slots, within // slots
+    ``slots`` (``packed_slots``); ints or expressions.  The sequence's CTAs walk its heads
+    ``head_group`` at a time, block-major within a group (``schedule.grouped_tile``): 1 = head
+    by head, every block of a head before the next head."""
+    return grouped_tile(ids - heads * first, slots, heads, head_group)
 
 
 # What ``find_slot`` copies of the sequence it finds, after (b, f(b), n_b): first query row,
@@ -270,33 +274,57 @@ def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, stats=False, v_group=0, row
 def store_q_tile(seq, acc, stage, X, m0, rows, h, cols, stat=None, Stat=None):
     """Accumulator fragment ``acc`` (rows x cols, fp32) -> query rows [m0, m0 + rows) of head
     ``h`` of ``X`` (O, dQ) in ``X``'s dtype, and with ``stat`` (a per-row fragment) its entries
-    [m0, m0 + rows) of head ``h`` of ``Stat`` (LSE).  Dense: through the shared tile ``stage``
-    and one T.copy (a TMA store; the tensor's edge clips it); the caller orders ``stage``
-    against its other uses.  Varlen: straight from registers, each row guarded, since rows
-    past the sequence's end belong to the next sequence; the per-row statistic is written in
+    [m0, m0 + rows) of head ``h`` of ``Stat`` (LSE).  Dense, and a packed tile whose rows all
+    belong to its sequence: through the shared tile ``stage`` and one T.copy (a TMA store; a
+    dense tensor's edge clips it); the caller orders ``stage`` against its other uses.  A
+    packed tile that runs past its sequence's end: straight from registers, each row guarded
+    (the rows past the end belong to the next sequence); the per-row statistic is written in
     the same loop (by the thread holding column 0: a separate 1-D loop over the statistic's
     fragment sends TileLang 0.1.15's layout inference into a loop that does not end)."""
     if seq.varlen:
-        for i, j in T.Parallel(rows, cols):
-            if m0 + i < seq.len_q:
-                X[seq.b, seq.q0 + m0 + i, h, j] = T.cast(acc[i, j], X.dtype)
-                if stat is not None:
+        if m0 + rows <= seq.len_q:
+            _staged_store(acc, stage, seq.q_rows(X, m0, rows, h))
+            if stat is not None:  # the loop shape of the guarded store below (see above)
+                for i, j in T.Parallel(rows, cols):
                     if j == 0:
                         Stat[seq.b, h, seq.q0 + m0 + i] = stat[i]
+        else:
+            for i, j in T.Parallel(rows, cols):
+                if m0 + i < seq.len_q:
+                    X[seq.b, seq.q0 + m0 + i, h, j] = T.cast(acc[i, j], X.dtype)
+                    if stat is not None:
+                        if j == 0:
+                            Stat[seq.b, h, seq.q0 + m0 + i] = stat[i]
     else:
-        T.copy(acc, stage)
-        T.copy(stage, seq.q_rows(X, m0, rows, h))
-        if stat is not None:
-            T.copy(stat, seq.stat(Stat, h, m0, rows))
+        _staged_store(acc, stage, seq.q_rows(X, m0, rows, h), stat, None if stat is None else seq.stat(Stat, h, m0, rows))
 
 
 @T.macro
 def store_k_tile(seq, acc, stage, X, n0, rows, hk, cols):
     """As ``store_q_tile`` for key rows [n0, n0 + rows) of head ``hk`` (dK, dV)."""
     if seq.varlen:
-        for i, j in T.Parallel(rows, cols):
-            if n0 + i < seq.len_k:
-                X[seq.b, seq.k0 + n0 + i, hk, j] = T.cast(acc[i, j], X.dtype)
+        if n0 + rows <= seq.len_k:
+            _staged_store(acc, stage, seq.k_rows(X, n0, rows, hk))
+        else:
+            store_k_tail(seq, acc, X, n0, rows, hk, cols)
     else:
-        T.copy(acc, stage)
-        T.copy(stage, seq.k_rows(X, n0, rows, hk))
+        _staged_store(acc, stage, seq.k_rows(X, n0, rows, hk))
+
+
+@T.macro
+def store_k_tail(seq, acc, X, n0, rows, hk, cols):
+    """``store_k_tile``'s path for a packed tile that runs past its sequence's end: from
+    registers, each row guarded (for kernels that stage whole tiles themselves)."""
+    for i, j in T.Parallel(rows, cols):
+        if n0 + i < seq.len_k:
+            X[seq.b, seq.k0 + n0 + i, hk, j] = T.cast(acc[i, j], X.dtype)
+
+
+@T.macro
+def _staged_store(acc, stage, region, stat=None, stat_region=None):
+    """``acc`` -> ``region`` through the shared tile ``stage`` (a TMA store), ``stat`` ->
+    ``stat_region``."""
+    T.copy(acc, stage)
+    T.copy(stage, region)
+    if stat is not None:
+        T.copy(stat, stat_region)
