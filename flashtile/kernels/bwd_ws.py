@@ -211,7 +211,10 @@ def attention_bwd_dkdv_ws(
                             T.barrier_arrive(q_empty[st])
                             T.barrier_arrive(do_empty[st])
 
-                if varlen:
+                if varlen and (dim % seqinfo.STAGED_COLS or dim_v % seqinfo.STAGED_COLS):
+                    seqinfo.store_k_tail(seq, dk, dK, n0, block_n, hk, dim)
+                    seqinfo.store_k_tail(seq, dv, dV, n0, block_n, hk, dim_v)
+                elif varlen:
                     if n0 + block_n <= seq.len_k:  # every row is the sequence's: as dense
                         staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk)
                     else:  # the sequence's tail tile: row-guarded stores from registers

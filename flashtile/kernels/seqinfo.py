@@ -270,41 +270,60 @@ def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, stats=False, v_group=0, row
     return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, stats, v_group, rows_q, rows_k)
 
 
+# Packed tiles of this many columns stage whole-tile stores through shared memory: TileLang
+# 0.1.15 cannot place the staging sync for a 48-column forward tile ("[ThreadSync] Cannot lower
+# a required shared-memory sync inside a divergent region with 66 participating threads").
+STAGED_COLS = 64
+
+
 @T.macro
 def store_q_tile(seq, acc, stage, X, m0, rows, h, cols, stat=None, Stat=None):
     """Accumulator fragment ``acc`` (rows x cols, fp32) -> query rows [m0, m0 + rows) of head
     ``h`` of ``X`` (O, dQ) in ``X``'s dtype, and with ``stat`` (a per-row fragment) its entries
     [m0, m0 + rows) of head ``h`` of ``Stat`` (LSE).  Dense, and a packed tile whose rows all
-    belong to its sequence: through the shared tile ``stage`` and one T.copy (a TMA store; a
-    dense tensor's edge clips it); the caller orders ``stage`` against its other uses.  A
-    packed tile that runs past its sequence's end: straight from registers, each row guarded
-    (the rows past the end belong to the next sequence); the per-row statistic is written in
-    the same loop (by the thread holding column 0: a separate 1-D loop over the statistic's
-    fragment sends TileLang 0.1.15's layout inference into a loop that does not end)."""
+    belong to its sequence (``cols`` a multiple of ``STAGED_COLS``): through the shared tile
+    ``stage`` and one T.copy (a TMA store; a dense tensor's edge clips it); the caller orders
+    ``stage`` against its other uses.  Other packed tiles: ``store_q_tail``."""
     if seq.varlen:
-        if m0 + rows <= seq.len_q:
-            _staged_store(acc, stage, seq.q_rows(X, m0, rows, h))
-            if stat is not None:  # the loop shape of the guarded store below (see above)
-                for i, j in T.Parallel(rows, cols):
-                    if j == 0:
-                        Stat[seq.b, h, seq.q0 + m0 + i] = stat[i]
-        else:
-            for i, j in T.Parallel(rows, cols):
-                if m0 + i < seq.len_q:
-                    X[seq.b, seq.q0 + m0 + i, h, j] = T.cast(acc[i, j], X.dtype)
-                    if stat is not None:
+        if cols % STAGED_COLS == 0:
+            if m0 + rows <= seq.len_q:
+                _staged_store(acc, stage, seq.q_rows(X, m0, rows, h))
+                if stat is not None:  # the loop shape of store_q_tail's (see there)
+                    for i, j in T.Parallel(rows, cols):
                         if j == 0:
                             Stat[seq.b, h, seq.q0 + m0 + i] = stat[i]
+            else:
+                store_q_tail(seq, acc, X, m0, rows, h, cols, stat, Stat)
+        else:
+            store_q_tail(seq, acc, X, m0, rows, h, cols, stat, Stat)
     else:
         _staged_store(acc, stage, seq.q_rows(X, m0, rows, h), stat, None if stat is None else seq.stat(Stat, h, m0, rows))
+
+
+@T.macro
+def store_q_tail(seq, acc, X, m0, rows, h, cols, stat=None, Stat=None):
+    """``store_q_tile`` for a packed tile that may run past its sequence's end: straight from
+    registers, each row guarded (the rows past the end belong to the next sequence); the per-row
+    statistic in the same loop (by the thread holding column 0: a separate 1-D loop over the
+    statistic's fragment sends TileLang 0.1.15's layout inference into a loop that does not
+    end)."""
+    for i, j in T.Parallel(rows, cols):
+        if m0 + i < seq.len_q:
+            X[seq.b, seq.q0 + m0 + i, h, j] = T.cast(acc[i, j], X.dtype)
+            if stat is not None:
+                if j == 0:
+                    Stat[seq.b, h, seq.q0 + m0 + i] = stat[i]
 
 
 @T.macro
 def store_k_tile(seq, acc, stage, X, n0, rows, hk, cols):
     """As ``store_q_tile`` for key rows [n0, n0 + rows) of head ``hk`` (dK, dV)."""
     if seq.varlen:
-        if n0 + rows <= seq.len_k:
-            _staged_store(acc, stage, seq.k_rows(X, n0, rows, hk))
+        if cols % STAGED_COLS == 0:
+            if n0 + rows <= seq.len_k:
+                _staged_store(acc, stage, seq.k_rows(X, n0, rows, hk))
+            else:
+                store_k_tail(seq, acc, X, n0, rows, hk, cols)
         else:
             store_k_tail(seq, acc, X, n0, rows, hk, cols)
     else:
@@ -313,7 +332,7 @@ def store_k_tile(seq, acc, stage, X, n0, rows, hk, cols):
 
 @T.macro
 def store_k_tail(seq, acc, X, n0, rows, hk, cols):
-    """``store_k_tile``'s path for a packed tile that runs past its sequence's end: from
+    """``store_k_tile``'s path for a packed tile that may run past its sequence's end: from
     registers, each row guarded (for kernels that stage whole tiles themselves)."""
     for i, j in T.Parallel(rows, cols):
         if n0 + i < seq.len_k:
