@@ -24,7 +24,7 @@ import tilelang.language as T
 
 from . import seqinfo
 from .masks import TileMask, pipelined_trips, query_tile
-from .schedule import packed_head_group
+from .schedule import head_group
 from .operands import GROUP, Operands, tile_scales
 from .softmax import online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET
@@ -54,8 +54,9 @@ def attention_fwd_kernel(
     @T.macro
     def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        with T.Kernel(*seqs.grid(block_m, H), threads=threads) as ids:
-            bx, h, b = seqs.tile(ids, block_m, H, threads, head_group=packed_head_group(max(dim, dim_v)))
+        group = head_group(max(dim, dim_v))
+        with T.Kernel(*seqs.grid(block_m, H, head_group=group), threads=threads) as ids:
+            bx, h, b = seqs.tile(ids, block_m, H, threads, head_group=group)
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared(ops.v_tile(block_n, dim_v), dtype)

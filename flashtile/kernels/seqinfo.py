@@ -90,27 +90,35 @@ class Sequences:
         self._rows_q, self._rows_k = rows_q, rows_k  # rows of the packed tensors
         self._found = None  # the shared buffer of ``tile``'s search
 
-    def grid(self, block, heads, keys=False):
+    def grid(self, block, heads, keys=False, head_group=1):
         """Launch extents, one CTA per tile of ``block`` query rows (``keys``: key rows) per head.
 
-        Dense: (blocks of the longest sequence, heads, batch).  Packed: one axis of
-        ``heads * (rows // block + batch)`` CTAs, sequence-major, then head, then block, as the
-        dense grid orders them (``packed_slots``)."""
+        Dense: (blocks of the longest sequence, heads, batch), or with ``head_group`` > 1 one
+        axis of as many CTAs in ``tile``'s order.  Packed: one axis of ``heads * (rows // block
+        + batch)`` CTAs, sequence-major (``packed_slots``)."""
         if not self.varlen:
-            return T.ceildiv(self.max_k if keys else self.max_q, block), heads, self.batch
+            n_blocks = T.ceildiv(self.max_k if keys else self.max_q, block)
+            return (n_blocks * heads * self.batch,) if head_group > 1 else (n_blocks, heads, self.batch)
         rows = self._rows_k if keys else self._rows_q
         assert rows is not None, "packed grids need the tensors' row count (seqinfo.packed rows_q / rows_k)"
         return (heads * packed_slots(rows, self.batch, block),)
 
     def tile(self, ids, block, heads, threads, keys=False, head_group=1):
         """(block index, head, batch entry) of the CTA with launch indices ``ids`` (``grid``'s
-        extents).  Dense: the indices themselves.  Packed: found among the sequences by the
-        CTA's ``threads`` threads together (one shared-memory exchange and barrier,
+        extents).  ``head_group``: a batch entry's CTAs walk its heads that many at a time,
+        block-major within a group (``schedule.grouped_tile``, ``schedule.head_group``); pass
+        ``grid`` the same.  Dense: the indices themselves (``head_group`` 1), or decoded from the
+        one axis (batch entry, then head group, block, head).  Packed: found among the sequences
+        by the CTA's ``threads`` threads together (one shared-memory exchange and barrier,
         ``packed_slots``); a CTA whose slot holds no tile gets a block index past every
-        sequence's end, so the kernels' own range checks give it no work.  ``head_group``: the
-        order of a sequence's CTAs (``slot_tile``; ``schedule.packed_head_group``)."""
+        sequence's end, so the kernels' own range checks give it no work."""
         if not self.varlen:
-            return ids
+            if head_group == 1:
+                return ids
+            n_blocks = T.ceildiv(self.max_k if keys else self.max_q, block)
+            block_of, head_of = grouped_tile(ids % (n_blocks * heads), n_blocks, heads, head_group)
+            # Registers: as expressions the divisions by runtime sizes recur at every use.
+            return tuple(T.alloc_var(T.int32, init=x)[0] for x in (block_of, head_of, ids // (n_blocks * heads)))
         cu = self._cu_k if keys else self._cu_q
         found = T.alloc_shared([3 + len(FOUND_FIELDS)], T.int32, scope="shared")
         find_slot(cu, self.batch, block, ids // heads, found, threads, self._fields())
