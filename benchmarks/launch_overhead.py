@@ -43,7 +43,7 @@ def main():
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device="cuda")
     sinks = debug.dummy_sinks(h, q.device)
-    scalars = (0.18, 0.0, 1 << 30, 1 << 30)
+    scalars = (0.18, 0.0, 1 << 30, 1 << 30, 1)  # score scale, cap_in, window, head group
     args_ = (q, k, v, out, lse, sinks, *scalars)
     exe = kernel.adapter._get_executable()
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))

@@ -24,7 +24,6 @@ import tilelang.language as T
 
 from . import seqinfo
 from .masks import TileMask, pipelined_trips, query_tile
-from .schedule import head_group
 from .operands import GROUP, Operands, tile_scales
 from .softmax import online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET
@@ -54,9 +53,8 @@ def attention_fwd_kernel(
     @T.macro
     def kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        group = head_group(max(dim, dim_v))
-        with T.Kernel(*seqs.grid(block_m, H, head_group=group), threads=threads) as ids:
-            bx, h, b = seqs.tile(ids, block_m, H, threads, head_group=group)
+        with T.Kernel(*seqs.grid(block_m, H), threads=threads) as ids:
+            bx, h, b = seqs.tile(ids, block_m, H, threads)
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared(ops.v_tile(block_n, dim_v), dtype)
@@ -103,7 +101,8 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
     O (B, Sq, H, dim_v) out, LSE (B, H, Sq) fp32 out, Sinks (H,) fp32 (read only with sinks),
     then scalars ``score_scale`` (softmax_scale * log2 e, or softcap * log2 e with softcap),
     ``cap_in`` (softmax_scale / softcap, unused without softcap), ``left``/``right`` window
-    bounds (huge when unbounded).
+    bounds (huge when unbounded), ``head_group`` (the one-tile grids' launch order,
+    ``configs.fwd_head_group``; the persistent schedule ignores it).
     Packed (varlen): Q/K/V/O (1, total, heads, dim), LSE (1, H, total_q); after Sinks come
     CuQ, CuK (batch + 1,) int32 row offsets and LenQ, LenK (batch,) int32 lengths, and after
     the scalars ``max_q``, ``max_k`` (int32, at least every length; the packed grid sizes itself
@@ -132,8 +131,9 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
             cap_in: T.float32,
             left: T.int32,
             right: T.int32,
+            head_group: T.int32,
         ):
-            kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqinfo.dense(B, Sq, Sk))
+            kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqinfo.dense(B, Sq, Sk, head_group))
 
         return main
 
@@ -157,10 +157,12 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
         cap_in: T.float32,
         left: T.int32,
         right: T.int32,
+        head_group: T.int32,
         max_q: T.int32,
         max_k: T.int32,
     ):
-        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, v_group=GROUP if ops.fp8 else 0, rows_q=Tq, rows_k=Tk)
+        seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, v_group=GROUP if ops.fp8 else 0, rows_q=Tq, rows_k=Tk,
+                              head_group=head_group)
         kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs)
 
     return main_varlen

@@ -37,7 +37,7 @@ from .fwd import forward_prim_func
 from .masks import TileMask, pipelined_trips, query_tile
 from .operands import Operands, tile_scales
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
-from .schedule import head_group, tile_pair
+from .schedule import tile_pair
 from .softmax import online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET, WS_PASS_CONFIGS
 
@@ -162,9 +162,8 @@ def fwd_ws_prim_func(
     @T.macro
     def one_tile_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
-        group = head_group(max(dim, dim_v))
-        with T.Kernel(*seqs.grid(block_m, H, head_group=group), threads=total) as ids:
-            bx, h, b = seqs.tile(ids, block_m, H, total, head_group=group)
+        with T.Kernel(*seqs.grid(block_m, H), threads=total) as ids:
+            bx, h, b = seqs.tile(ids, block_m, H, total)
             q_s = T.alloc_shared([block_m, dim], dtype)
             k_s = T.alloc_shared([2, block_n, dim], dtype)
             v_s = T.alloc_shared(v_ring, dtype)

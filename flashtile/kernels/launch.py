@@ -145,7 +145,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
         sinks32 = operands.params(sinks32, *fp8[:3])
     left, right = host_window(window)
-    scalars = (*_scores(softmax_scale, softcap), left, right)
+    scalars = (*_scores(softmax_scale, softcap), left, right, configs.fwd_head_group(max(d, dv), configs.mask_kind(window)))
     if packed is None:
         kernel(q, k, v, out, lse, sinks32, *scalars)
     else:

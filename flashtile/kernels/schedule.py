@@ -50,17 +50,3 @@ def tile_pair(item, half, n_qb, pairs, H):
     mirror = n_qb - 1 - pair
     return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
 
-
-def head_group(dim: int) -> int:
-    """Heads a one-tile forward grid walks together, block-major (``seqinfo.Sequences.tile``).
-
-    CTAs start in launch order as SMs free up; head by head, every head of a sequence starts on
-    its longest (last) causal tile and ends on its shortest, so the grid's last waves mix long
-    and short tiles.  Walking a group of heads block-major starts all their longest tiles first
-    (longest-first within the group).  A list-scheduling model (CTAs in launch order, a per-tile
-    cost of 0.3 key blocks): packed bench batches 0.963 -> 0.986-0.997 of the ideal balance under
-    a causal mask with 4-8 heads per group; dense d=64 causal 1k/2k/4k/16k 0.90/0.92/0.93/0.96
-    -> 0.91/0.94/0.97/0.99 at 8.  More heads at a time would spread concurrent CTAs over more
-    heads' K/V than L2 keeps (a group's K/V for a 4k sequence: 4 x 4096 x 128 x 4 B = 8 MB at
-    d=128).  512 // dim keeps that size: 8 heads at d=64, 4 at d=128, 2 at d=256."""
-    return max(1, 512 // dim)

@@ -81,7 +81,7 @@ class Sequences:
     """The batch as the grid sees it: ``batch`` entries, at most ``max_q`` / ``max_k`` rows."""
 
     def __init__(self, varlen: bool, batch, max_q, max_k, cu_q=None, cu_k=None, lens_q=None, lens_k=None, stats=False,
-                 v_group=0, rows_q=None, rows_k=None):
+                 v_group=0, rows_q=None, rows_k=None, head_group=None):
         self.varlen = varlen
         self.batch, self.max_q, self.max_k = batch, max_q, max_k
         self._cu_q, self._cu_k, self._lens_q, self._lens_k = cu_q, cu_k, lens_q, lens_k
@@ -89,34 +89,37 @@ class Sequences:
         self._v_group = v_group
         self._rows_q, self._rows_k = rows_q, rows_k  # rows of the packed tensors
         self._found = None  # the shared buffer of ``tile``'s search
+        # Heads a grid walks together (a runtime int32, ``configs.fwd_head_group``), or None:
+        # dense grids keep their (block, head, batch) axes.
+        self.head_group = head_group
 
-    def grid(self, block, heads, keys=False, head_group=1):
+    def grid(self, block, heads, keys=False):
         """Launch extents, one CTA per tile of ``block`` query rows (``keys``: key rows) per head.
 
-        Dense: (blocks of the longest sequence, heads, batch), or with ``head_group`` > 1 one
-        axis of as many CTAs in ``tile``'s order.  Packed: one axis of ``heads * (rows // block
+        Dense: (blocks of the longest sequence, heads, batch), or with a ``head_group`` one axis
+        of as many CTAs in ``tile``'s order.  Packed: one axis of ``heads * (rows // block
         + batch)`` CTAs, sequence-major (``packed_slots``)."""
         if not self.varlen:
             n_blocks = T.ceildiv(self.max_k if keys else self.max_q, block)
-            return (n_blocks * heads * self.batch,) if head_group > 1 else (n_blocks, heads, self.batch)
+            return (n_blocks * heads * self.batch,) if self.head_group is not None else (n_blocks, heads, self.batch)
         rows = self._rows_k if keys else self._rows_q
         assert rows is not None, "packed grids need the tensors' row count (seqinfo.packed rows_q / rows_k)"
         return (heads * packed_slots(rows, self.batch, block),)
 
-    def tile(self, ids, block, heads, threads, keys=False, head_group=1):
+    def tile(self, ids, block, heads, threads, keys=False):
         """(block index, head, batch entry) of the CTA with launch indices ``ids`` (``grid``'s
-        extents).  ``head_group``: a batch entry's CTAs walk its heads that many at a time,
-        block-major within a group (``schedule.grouped_tile``, ``schedule.head_group``); pass
-        ``grid`` the same.  Dense: the indices themselves (``head_group`` 1), or decoded from the
-        one axis (batch entry, then head group, block, head).  Packed: found among the sequences
+        extents).  With a ``head_group`` (the Sequences'), a batch entry's CTAs walk its heads
+        that many at a time, block-major within a group (``schedule.grouped_tile``).  Dense: the
+        indices themselves, or with a head group decoded from the one axis (batch entry, then
+        head group, block, head).  Packed: found among the sequences
         by the CTA's ``threads`` threads together (one shared-memory exchange and barrier,
         ``packed_slots``); a CTA whose slot holds no tile gets a block index past every
         sequence's end, so the kernels' own range checks give it no work."""
         if not self.varlen:
-            if head_group == 1:
+            if self.head_group is None:
                 return ids
             n_blocks = T.ceildiv(self.max_k if keys else self.max_q, block)
-            block_of, head_of = grouped_tile(ids % (n_blocks * heads), n_blocks, heads, head_group)
+            block_of, head_of = grouped_tile(ids % (n_blocks * heads), n_blocks, heads, self.head_group)
             # Registers: as expressions the divisions by runtime sizes recur at every use.
             return tuple(T.alloc_var(T.int32, init=x)[0] for x in (block_of, head_of, ids // (n_blocks * heads)))
         cu = self._cu_k if keys else self._cu_q
@@ -126,7 +129,7 @@ class Sequences:
         first = T.alloc_var(T.int32, init=found[1])[0]
         slots = T.alloc_var(T.int32, init=found[2])[0]
         live = entry < self.batch
-        block_of, head_of = slot_tile(ids, heads, first, slots, head_group)
+        block_of, head_of = slot_tile(ids, heads, first, slots, 1 if self.head_group is None else self.head_group)
         bx = T.alloc_var(T.int32, init=T.if_then_else(live, block_of, DEAD_SLOT))[0]
         # Clamped: offsets that are not monotone may make two threads write one triple.
         h = T.alloc_var(T.int32, init=T.if_then_else(live, T.max(T.min(head_of, heads - 1), 0), 0))[0]
@@ -264,18 +267,21 @@ def find_slot(cu, batch, block, slot, found, threads, fields):
     T.sync_threads()
 
 
-def dense(B, Sq, Sk) -> Sequences:
-    return Sequences(False, B, Sq, Sk)
+def dense(B, Sq, Sk, head_group=None) -> Sequences:
+    """A dense batch (``head_group``: see ``Sequences.tile``)."""
+    return Sequences(False, B, Sq, Sk, head_group=head_group)
 
 
-def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, stats=False, v_group=0, rows_q=None, rows_k=None) -> Sequences:
+def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, stats=False, v_group=0, rows_q=None, rows_k=None,
+           head_group=None) -> Sequences:
     """``cu_*`` (batch + 1,) int32 row offsets, ``lens_*`` (batch,) int32 lengths used,
     ``max_*`` int32 scalars bounding every length; ``stats``: the kernel indexes the
     backward's LSE2/Delta, where sequence b starts at ``stat_start(cu_q[b], b)``; ``v_group``:
     an FP8 forward's V^T starts sequence b at ``ceil(cu_k[b] / g) * g + g * b``
     (``operands.v_offsets``); ``rows_*``: the packed tensors' row counts (grid extents,
-    ``packed_slots``)."""
-    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, stats, v_group, rows_q, rows_k)
+    ``packed_slots``); ``head_group``: see ``Sequences.tile``."""
+    return Sequences(True, lens_q.shape[0], max_q, max_k, cu_q, cu_k, lens_q, lens_k, stats, v_group, rows_q, rows_k,
+                     head_group)
 
 
 # Packed tiles of this many columns stage whole-tile stores through shared memory: TileLang
