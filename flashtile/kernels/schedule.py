@@ -1,10 +1,12 @@
 """The tile schedulers (TileLang expressions): which tile a CTA index stands for.
 
-Grids: the forward and the deterministic dQ kernel launch (query block, head, batch) with the
-query blocks longest-first (``masks.query_tile``); the dK/dV kernels launch key blocks in
-``grouped_tile`` order; the persistent forward walks ``tile_pair`` items.  Packed (varlen)
-batches launch a grid of real tiles instead, ordered sequence, head, block
-(``seqinfo.packed_slots``).
+Grids: the one-tile forward launches one axis of (batch entry, head group, query block, head)
+with the query blocks longest-first (``masks.query_tile``) and heads walked ``head_group`` at
+a time in ``grouped_tile`` order (``configs.fwd_head_group``: groups under causal/window masks,
+head by head for full attention); the deterministic dQ kernel launches (query block, head,
+batch); the dK/dV kernels launch key blocks in ``grouped_tile`` order; the persistent forward
+walks ``tile_pair`` items.  Packed (varlen) batches launch a grid of real tiles instead,
+sequence-major (``seqinfo.packed_slots``), the forward's heads grouped the same way.
 
 
 The GPU starts CTAs roughly in index order, so the order decides two things that pull
