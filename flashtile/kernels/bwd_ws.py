@@ -93,7 +93,8 @@ def attention_bwd_dkdv_ws(
         extent = seqs.grid(block_n, Hkv, keys=True)[0] if seqs.varlen else key_blocks * Hkv * seqs.batch
         with T.Kernel(extent, threads=total) as cta:
             if seqs.varlen:
-                bx, hk, b = seqs.tile(cta, block_n, Hkv, total, keys=True)
+                # rows_per_group: kv heads of a sequence walked together (``configs.head_group``).
+                bx, hk, b = seqs.tile(cta, block_n, Hkv, total, keys=True, head_group=rows_per_group)
             else:
                 block, row = grouped_tile(cta, key_blocks, Hkv * seqs.batch, rows_per_group)
                 # In registers: as expressions (divisions by a runtime group size) they are

@@ -207,9 +207,10 @@ def dkdv_rows_per_group(kind: str, groups: int, rows: int, key_blocks: int, sm_c
     return max(1, min(rows, sm_count // max(key_blocks, 1)))
 
 
-def fwd_head_group(dim: int, kind: str) -> int:
-    """Launch order of the one-tile forward grids (``seqinfo.Sequences.tile``): how many heads
-    of a batch entry are walked block-major at a time.  A runtime choice (no recompilation).
+def head_group(dim: int, kind: str) -> int:
+    """Launch order of the one-tile forward grids and of the packed dK/dV grid
+    (``seqinfo.Sequences.tile``): how many heads of a batch entry are walked block-major at a
+    time.  A runtime choice (no recompilation).
 
     CTAs start in launch order as SMs free up; head by head, every head starts on its longest
     (last) causal tile and ends on its shortest, so the last waves mix long and short tiles.

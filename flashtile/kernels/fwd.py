@@ -102,7 +102,7 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
     then scalars ``score_scale`` (softmax_scale * log2 e, or softcap * log2 e with softcap),
     ``cap_in`` (softmax_scale / softcap, unused without softcap), ``left``/``right`` window
     bounds (huge when unbounded), ``head_group`` (the one-tile grids' launch order,
-    ``configs.fwd_head_group``; the persistent schedule ignores it).
+    ``configs.head_group``; the persistent schedule ignores it).
     Packed (varlen): Q/K/V/O (1, total, heads, dim), LSE (1, H, total_q); after Sinks come
     CuQ, CuK (batch + 1,) int32 row offsets and LenQ, LenK (batch,) int32 lengths, and after
     the scalars ``max_q``, ``max_k`` (int32, at least every length; the packed grid sizes itself

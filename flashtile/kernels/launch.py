@@ -145,7 +145,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
         sinks32 = operands.params(sinks32, *fp8[:3])
     left, right = host_window(window)
-    scalars = (*_scores(softmax_scale, softcap), left, right, configs.fwd_head_group(max(d, dv), configs.mask_kind(window)))
+    scalars = (*_scores(softmax_scale, softcap), left, right, configs.head_group(max(d, dv), configs.mask_kind(window)))
     if packed is None:
         kernel(q, k, v, out, lse, sinks32, *scalars)
     else:
@@ -237,7 +237,10 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen)[3]
     key_blocks = -(-max_k // main_cfg.block_n)
     batch = packed.batch if varlen else b
-    rows = configs.dkdv_rows_per_group(kind, h // hkv, batch * hkv, key_blocks, target.sm_count(q.device))
+    if varlen:  # kv heads of a sequence walked together (a query head group's worth of K/V)
+        rows = max(1, configs.head_group(max(d, dv_), kind) // (h // hkv))
+    else:
+        rows = configs.dkdv_rows_per_group(kind, h // hkv, batch * hkv, key_blocks, target.sm_count(q.device))
     seq_args = packed.tensors() if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
     tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)

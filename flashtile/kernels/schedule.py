@@ -2,7 +2,7 @@
 
 Grids: the one-tile forward launches one axis of (batch entry, head group, query block, head)
 with the query blocks longest-first (``masks.query_tile``) and heads walked ``head_group`` at
-a time in ``grouped_tile`` order (``configs.fwd_head_group``: groups under causal/window masks,
+a time in ``grouped_tile`` order (``configs.head_group``: groups under causal/window masks,
 head by head for full attention); the deterministic dQ kernel launches (query block, head,
 batch); the dK/dV kernels launch key blocks in ``grouped_tile`` order; the persistent forward
 walks ``tile_pair`` items.  Packed (varlen) batches launch a grid of real tiles instead,

@@ -90,7 +90,7 @@ class Sequences:
         self._v_group = v_group
         self._rows_q, self._rows_k = rows_q, rows_k  # rows of the packed tensors
         self._found = None  # the shared buffer of ``tile``'s search
-        # Heads a grid walks together (a runtime int32, ``configs.fwd_head_group``), or None:
+        # Heads a grid walks together (a runtime int32, ``configs.head_group``), or None:
         # dense grids keep their (block, head, batch) axes.
         self.head_group = head_group
 
@@ -107,15 +107,17 @@ class Sequences:
         assert rows is not None, "packed grids need the tensors' row count (seqinfo.packed rows_q / rows_k)"
         return (heads * packed_slots(rows, self.batch, block),)
 
-    def tile(self, ids, block, heads, threads, keys=False):
+    def tile(self, ids, block, heads, threads, keys=False, head_group=None):
         """(block index, head, batch entry) of the CTA with launch indices ``ids`` (``grid``'s
-        extents).  With a ``head_group`` (the Sequences'), a batch entry's CTAs walk its heads
+        extents).  With a ``head_group`` (the argument, else the Sequences'; for a packed grid
+        only the argument's or the Sequences' runtime value), a batch entry's CTAs walk its heads
         that many at a time, block-major within a group (``schedule.grouped_tile``).  Dense: the
         indices themselves, or with a head group decoded from the one axis (batch entry, then
         head group, block, head).  Packed: found among the sequences
         by the CTA's ``threads`` threads together (one shared-memory exchange and barrier,
         ``packed_slots``); a CTA whose slot holds no tile gets a block index past every
         sequence's end, so the kernels' own range checks give it no work."""
+        head_group = self.head_group if head_group is None else head_group
         if not self.varlen:
             if self.head_group is None:
                 return ids
@@ -130,7 +132,7 @@ class Sequences:
         first = T.alloc_var(T.int32, init=found[1])[0]
         slots = T.alloc_var(T.int32, init=found[2])[0]
         live = entry < self.batch
-        block_of, head_of = slot_tile(ids, heads, first, slots, 1 if self.head_group is None else self.head_group)
+        block_of, head_of = slot_tile(ids, heads, first, slots, 1 if head_group is None else head_group)
         bx = T.alloc_var(T.int32, init=T.if_then_else(live, block_of, DEAD_SLOT))[0]
         # Clamped: offsets that are not monotone may make two threads write one triple.
         h = T.alloc_var(T.int32, init=T.if_then_else(live, T.max(T.min(head_of, heads - 1), 0), 0))[0]
