@@ -99,8 +99,7 @@ def attention_bwd_preprocess(dim_v: int, dtype: str, has_dlse: bool, varlen: boo
         LenQ: T.Tensor([Bn], T.int32),
         max_q: T.int32,
     ):
-        # Only the query side: the key-side arguments repeat it (``transpose_v`` does the same).
-        seqs = seqinfo.packed(CuQ, CuQ, LenQ, LenQ, max_q, max_q, stats=True, rows_q=Tq, rows_k=Tq)
+        seqs = seqinfo.packed_rows(CuQ, LenQ, max_q, Tq, stats=True)
         body(O, dO, LSE, dLSE, Delta, LSE2, seqs, Tq)
 
     return main_varlen

@@ -212,17 +212,12 @@ def attention_bwd_dkdv_ws(
                             T.barrier_arrive(q_empty[st])
                             T.barrier_arrive(do_empty[st])
 
-                if varlen and (dim % seqinfo.STAGED_COLS or dim_v % seqinfo.STAGED_COLS):
+                whole = seqinfo.whole_tile(seq, n0, block_n, (dim, dim_v), keys=True)
+                if whole:
+                    staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk)
+                else:  # a packed sequence's tail tile: row-guarded stores from registers
                     seqinfo.store_k_tail(seq, dk, dK, n0, block_n, hk, dim)
                     seqinfo.store_k_tail(seq, dv, dV, n0, block_n, hk, dim_v)
-                elif varlen:
-                    if n0 + block_n <= seq.len_k:  # every row is the sequence's: as dense
-                        staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk)
-                    else:  # the sequence's tail tile: row-guarded stores from registers
-                        seqinfo.store_k_tail(seq, dk, dK, n0, block_n, hk, dim)
-                        seqinfo.store_k_tail(seq, dv, dV, n0, block_n, hk, dim_v)
-                else:
-                    staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk)
 
     return dkdv_prim_func(dim, dim_v, dtype, varlen, kernel)
 

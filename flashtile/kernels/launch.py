@@ -233,14 +233,11 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     score_scale, cap_in = _scores(softmax_scale, softcap)
     scalars = (score_scale, softmax_scale, cap_in, left, right)
     kind = configs.mask_kind(window)
-    max_k = packed.max_k if varlen else sk
-    main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen)[3]
-    key_blocks = -(-max_k // main_cfg.block_n)
-    batch = packed.batch if varlen else b
     if varlen:  # kv heads of a sequence walked together (a query head group's worth of K/V)
         rows = max(1, configs.head_group(max(d, dv_), kind) // (h // hkv))
     else:
-        rows = configs.dkdv_rows_per_group(kind, h // hkv, batch * hkv, key_blocks, target.sm_count(q.device))
+        main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen)[3]
+        rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, -(-sk // main_cfg.block_n), target.sm_count(q.device))
     seq_args = packed.tensors() if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
     tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)

@@ -119,10 +119,10 @@ class Sequences:
         sequence's end, so the kernels' own range checks give it no work."""
         head_group = self.head_group if head_group is None else head_group
         if not self.varlen:
-            if self.head_group is None:
+            if self.head_group is None:  # the grid kept its three axes (``grid``)
                 return ids
             n_blocks = T.ceildiv(self.max_k if keys else self.max_q, block)
-            block_of, head_of = grouped_tile(ids % (n_blocks * heads), n_blocks, heads, self.head_group)
+            block_of, head_of = grouped_tile(ids % (n_blocks * heads), n_blocks, heads, head_group)
             # Registers: as expressions the divisions by runtime sizes recur at every use.
             return tuple(T.alloc_var(T.int32, init=x)[0] for x in (block_of, head_of, ids // (n_blocks * heads)))
         cu = self._cu_k if keys else self._cu_q
@@ -287,34 +287,50 @@ def packed(cu_q, cu_k, lens_q, lens_k, max_q, max_k, stats=False, v_group=0, row
                      head_group)
 
 
+def packed_rows(cu, lens, max_len, rows=None, **kwargs) -> Sequences:
+    """``packed`` for a kernel that indexes one side only (the backward's preprocess: queries;
+    the FP8 V^T pass: keys): both sides are that one."""
+    return packed(cu, cu, lens, lens, max_len, max_len, rows_q=rows, rows_k=rows, **kwargs)
+
+
 # Packed tiles of this many columns stage whole-tile stores through shared memory: TileLang
 # 0.1.15 cannot place the staging sync for a 48-column forward tile ("[ThreadSync] Cannot lower
 # a required shared-memory sync inside a divergent region with 66 participating threads").
 STAGED_COLS = 64
 
 
+def whole_tile(seq, r0, rows, cols, keys=False):
+    """Whether a tile's rows [r0, r0 + rows) (query rows, or key rows with ``keys``) may be
+    stored as one staged TMA tile: True for a dense tile (a tensor's edge clips the store);
+    for a packed one False when a width in ``cols`` (ints) is not a multiple of ``STAGED_COLS``,
+    else the runtime test that every row belongs to the sequence (the rows past its end are the
+    next sequence's).  A Python bool decides at trace time inside a macro's ``if``."""
+    if not seq.varlen:
+        return True
+    if any(c % STAGED_COLS for c in cols):
+        return False
+    return r0 + rows <= (seq.len_k if keys else seq.len_q)
+
+
 @T.macro
 def store_q_tile(seq, acc, stage, X, m0, rows, h, cols, stat=None, Stat=None):
     """Accumulator fragment ``acc`` (rows x cols, fp32) -> query rows [m0, m0 + rows) of head
     ``h`` of ``X`` (O, dQ) in ``X``'s dtype, and with ``stat`` (a per-row fragment) its entries
-    [m0, m0 + rows) of head ``h`` of ``Stat`` (LSE).  Dense, and a packed tile whose rows all
-    belong to its sequence (``cols`` a multiple of ``STAGED_COLS``): through the shared tile
-    ``stage`` and one T.copy (a TMA store; a dense tensor's edge clips it); the caller orders
-    ``stage`` against its other uses.  Other packed tiles: ``store_q_tail``."""
-    if seq.varlen:
-        if cols % STAGED_COLS == 0:
-            if m0 + rows <= seq.len_q:
-                _staged_store(acc, stage, seq.q_rows(X, m0, rows, h))
-                if stat is not None:  # the loop shape of store_q_tail's (see there)
-                    for i, j in T.Parallel(rows, cols):
-                        if j == 0:
-                            Stat[seq.b, h, seq.q0 + m0 + i] = stat[i]
+    [m0, m0 + rows) of head ``h`` of ``Stat`` (LSE).  A ``whole_tile``: through the shared tile
+    ``stage`` and one T.copy (a TMA store); the caller orders ``stage`` against its other uses.
+    Other packed tiles: ``store_q_tail``."""
+    whole = whole_tile(seq, m0, rows, (cols,))
+    if whole:
+        _staged_store(acc, stage, seq.q_rows(X, m0, rows, h))
+        if stat is not None:
+            if seq.varlen:  # the loop shape of store_q_tail's (see there)
+                for i, j in T.Parallel(rows, cols):
+                    if j == 0:
+                        Stat[seq.b, h, seq.q0 + m0 + i] = stat[i]
             else:
-                store_q_tail(seq, acc, X, m0, rows, h, cols, stat, Stat)
-        else:
-            store_q_tail(seq, acc, X, m0, rows, h, cols, stat, Stat)
+                T.copy(stat, seq.stat(Stat, h, m0, rows))
     else:
-        _staged_store(acc, stage, seq.q_rows(X, m0, rows, h), stat, None if stat is None else seq.stat(Stat, h, m0, rows))
+        store_q_tail(seq, acc, X, m0, rows, h, cols, stat, Stat)
 
 
 @T.macro
@@ -335,16 +351,11 @@ def store_q_tail(seq, acc, X, m0, rows, h, cols, stat=None, Stat=None):
 @T.macro
 def store_k_tile(seq, acc, stage, X, n0, rows, hk, cols):
     """As ``store_q_tile`` for key rows [n0, n0 + rows) of head ``hk`` (dK, dV)."""
-    if seq.varlen:
-        if cols % STAGED_COLS == 0:
-            if n0 + rows <= seq.len_k:
-                _staged_store(acc, stage, seq.k_rows(X, n0, rows, hk))
-            else:
-                store_k_tail(seq, acc, X, n0, rows, hk, cols)
-        else:
-            store_k_tail(seq, acc, X, n0, rows, hk, cols)
-    else:
+    whole = whole_tile(seq, n0, rows, (cols,), keys=True)
+    if whole:
         _staged_store(acc, stage, seq.k_rows(X, n0, rows, hk))
+    else:
+        store_k_tail(seq, acc, X, n0, rows, hk, cols)
 
 
 @T.macro
@@ -357,10 +368,7 @@ def store_k_tail(seq, acc, X, n0, rows, hk, cols):
 
 
 @T.macro
-def _staged_store(acc, stage, region, stat=None, stat_region=None):
-    """``acc`` -> ``region`` through the shared tile ``stage`` (a TMA store), ``stat`` ->
-    ``stat_region``."""
+def _staged_store(acc, stage, region):
+    """``acc`` -> ``region`` through the shared tile ``stage`` (a TMA store)."""
     T.copy(acc, stage)
     T.copy(stage, region)
-    if stat is not None:
-        T.copy(stat, stat_region)

@@ -70,7 +70,7 @@ def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: in
         LenK: T.Tensor([Bn], T.int32),
         max_k: T.int32,
     ):
-        body(V, Vt, seqinfo.packed(CuK, CuK, LenK, LenK, max_k, max_k, v_group=GROUP))
+        body(V, Vt, seqinfo.packed_rows(CuK, LenK, max_k, v_group=GROUP))
 
     return main_varlen
 
