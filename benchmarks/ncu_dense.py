@@ -1,0 +1,53 @@
+"""One dense forward or backward each of flashtile and cuDNN SDPA, for a profiler (developer tool).
+
+    ncu --profile-from-start off --kernel-name regex:'main|sdpa|fmha|attn|bprop' --set full \\
+        python3 benchmarks/ncu_dense.py [--backward] [--causal] [--headdim 64] [--seqlen 4096]
+
+Everything runs once unprofiled (compile, load, warm-up), then once between
+cudaProfilerStart/Stop, flashtile first, so the report lists exactly those launches (the
+backward: flashtile's preprocess, dK/dV and dQ-convert kernels, then cuDNN's).  bf16,
+nheads x headdim = 2048, batch x seqlen = 16384 tokens.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashtile
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--backward", action="store_true")
+ap.add_argument("--causal", action="store_true")
+ap.add_argument("--headdim", type=int, default=128)
+ap.add_argument("--seqlen", type=int, default=4096)
+args = ap.parse_args()
+d, s = args.headdim, args.seqlen
+b, h = max(1, 16384 // s), 2048 // d
+q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=args.backward) for _ in range(3))
+qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(args.backward) for x in (q, k, v))
+dout = torch.randn_like(q)
+
+
+def flashtile_call():
+    out = flashtile.flash_attn_func(q, k, v, causal=args.causal)
+    if args.backward:
+        out.backward(dout)
+
+
+def cudnn_call():
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+    if args.backward:
+        out.backward(dout.transpose(1, 2))
+
+
+for call in (flashtile_call, cudnn_call):
+    call()  # compile / warm up outside the profiled range
+torch.cuda.synchronize()
+for call in (flashtile_call, cudnn_call):
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
