@@ -62,8 +62,10 @@ def attention_bwd_dkdv_ws(
     num_stages: int = 2,
     threads: int = 256,
     overlap: bool = True,
+    dq_turns: bool = False,
 ):
-    """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``."""
+    """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``.  ``dq_turns``: the two
+    consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring)."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
@@ -84,6 +86,17 @@ def attention_bwd_dkdv_ws(
         T.sync_threads(CONSUMERS_SYNC, threads)
         T.copy(k_s, seq.k_rows(dK, n0, block_n, hk))
         T.copy(v_s, seq.k_rows(dV, n0, block_n, hk))
+
+    @T.macro
+    def dq_turn(ds_s, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
+        """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys -> dq_s for the writer."""
+        T.barrier_wait(ds_full[st], i & 1)  # the other warpgroup's half of dS^T is in too
+        T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
+        T.wait_wgmma(0)
+        T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
+        T.copy(dq, dq_s)
+        T.fence_proxy_async()
+        T.barrier_arrive(dq_full)
 
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
@@ -118,7 +131,8 @@ def attention_bwd_dkdv_ws(
             dv = T.alloc_fragment([block_n, dim_v], acc)
             capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
             if with_dq:
-                dq = T.alloc_fragment([block_m, dim], acc)
+                # Turns: one dQ fragment per warpgroup (each laid out over its own 128 threads).
+                dq = [T.alloc_fragment([block_m, dim], acc) for _ in range(2)] if dq_turns else T.alloc_fragment([block_m, dim], acc)
                 dq_s = T.alloc_shared([block_m, dim], acc)
 
             bar_kv = T.alloc_barrier(arrive_count=total)
@@ -126,7 +140,10 @@ def attention_bwd_dkdv_ws(
             do_full = T.alloc_barrier(arrive_count=[32, 32])
             q_empty = T.alloc_barrier(arrive_count=[threads, threads])
             do_empty = T.alloc_barrier(arrive_count=[threads, threads])
-            dq_full = T.alloc_barrier(arrive_count=threads)
+            # Turns: only the warpgroup whose turn it is fills dq_s; ds_full says both halves of
+            # a step's dS^T are in shared memory.
+            dq_full = T.alloc_barrier(arrive_count=threads // 2 if dq_turns else threads)
+            ds_full = T.alloc_barrier(arrive_count=[threads, threads]) if dq_turns else None
             dq_empty = T.alloc_barrier(arrive_count=1)
 
             tx = T.get_thread_binding()
@@ -194,7 +211,20 @@ def attention_bwd_dkdv_ws(
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
                             score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
-                            if with_dq:
+                            if with_dq and dq_turns:
+                                T.copy(dsT, ds_s[st, :, :])
+                                T.fence_proxy_async()
+                                T.barrier_arrive(ds_full[st])
+                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
+                                # Warpgroup st computes this step's dQ (both halves of dS^T, all
+                                # 128 keys); the other one goes on to the next step meanwhile.
+                                # (Each branch names its own fragment: st is not a Python int.)
+                                if tx < 128:
+                                    if st == 0:
+                                        dq_turn(ds_s, k_s, dq[0], dq_s, ds_full, dq_empty, dq_full, st, i)
+                                elif st == 1:
+                                    dq_turn(ds_s, k_s, dq[1], dq_s, ds_full, dq_empty, dq_full, st, i)
+                            elif with_dq:
                                 T.copy(dsT, ds_s[st, :, :])
                                 T.fence_proxy_async()
                                 T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
@@ -248,6 +278,17 @@ def attention_bwd_dq_ws(
     total = threads + 128
     probabilities, score_grad, keep_visible = score_gradients(block_m, block_n, False, has_softcap)
     load_kv = kv_pipeline_producer(block_n)
+
+    @T.macro
+    def dq_turn(ds_s, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
+        """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys -> dq_s for the writer."""
+        T.barrier_wait(ds_full[st], i & 1)  # the other warpgroup's half of dS^T is in too
+        T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
+        T.wait_wgmma(0)
+        T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
+        T.copy(dq, dq_s)
+        T.fence_proxy_async()
+        T.barrier_arrive(dq_full)
 
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs):

@@ -60,9 +60,11 @@ class BwdConfig:
     threads: int
     overlap: bool = False  # S^T and dP^T as async WGMMA, P computed while dP^T runs
     manual_ws: bool = False  # hand-written warp specialisation (kernels/bwd_ws.py), not the builder's
+    dq_turns: bool = False  # hand-written only: the consumer warpgroups take turns computing dQ
 
     def as_kwargs(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "manual_ws"}
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "dq_turns")
+        return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property
     def builder(self) -> str:
@@ -183,7 +185,9 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
         # bytes in the hand-written one (80 in the synchronous one, 124 with async S^T/dP^T).
         if has_softcap:
             return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256)
-        return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True)
+        # Each step's dQ tile by one warpgroup in turn (prediction in NOTES, ninth session).
+        return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True,
+                         dq_turns=True)
     # d=256: 64 keys, two warpgroups splitting columns: 0.85x cuDNN at 4k (one warpgroup
     # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).
     return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)
