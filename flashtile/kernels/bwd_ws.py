@@ -33,6 +33,16 @@ Roles (one CTA per key block of 128 keys, K and V stationary in shared memory):
 
 dS^T is double-buffered in shared memory so that a warpgroup running a step ahead never
 overwrites the half its partner's dQ GEMM still reads.
+
+With ``dq_turns`` (d <= 64, ``configs.bwd_config``) the warpgroups take turns instead of
+splitting dQ's columns: after writing its half of dS^T each arrives on an mbarrier
+(``ds_full``) and issues dK; warpgroup ``t % 2`` then waits for the other half and computes step
+t's whole dQ tile (N = d, one GEMM instead of two N = d/2 ones) for the writer, while the other
+goes on to step t + 1.  No consumer-wide barrier per step, and each warpgroup pays the dQ wait,
+stores and fence every other step (the ncu profile in NOTES, ninth session, found those
+phases a quarter of a step's stalls).  The dS^T buffer stays safe: a turn's dQ completes before
+its warpgroup arrives on the next step's ``ds_full``, which the other waits for before it
+reuses the buffer.
 """
 
 import tilelang
@@ -71,6 +81,7 @@ def attention_bwd_dkdv_ws(
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
     loader_end, writer_end = threads + 32, threads + 64  # producer warps 0 and 1
     writer_lane0 = loader_end  # issues the dQ reduce-add (TileLang elects the range's first thread)
+    turns = with_dq and dq_turns
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.macro
@@ -132,7 +143,7 @@ def attention_bwd_dkdv_ws(
             capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
             if with_dq:
                 # Turns: one dQ fragment per warpgroup (each laid out over its own 128 threads).
-                dq = [T.alloc_fragment([block_m, dim], acc) for _ in range(2)] if dq_turns else T.alloc_fragment([block_m, dim], acc)
+                dq = [T.alloc_fragment([block_m, dim], acc) for _ in range(2)] if turns else T.alloc_fragment([block_m, dim], acc)
                 dq_s = T.alloc_shared([block_m, dim], acc)
 
             bar_kv = T.alloc_barrier(arrive_count=total)
@@ -142,8 +153,8 @@ def attention_bwd_dkdv_ws(
             do_empty = T.alloc_barrier(arrive_count=[threads, threads])
             # Turns: only the warpgroup whose turn it is fills dq_s; ds_full says both halves of
             # a step's dS^T are in shared memory.
-            dq_full = T.alloc_barrier(arrive_count=threads // 2 if dq_turns else threads)
-            ds_full = T.alloc_barrier(arrive_count=[threads, threads]) if dq_turns else None
+            dq_full = T.alloc_barrier(arrive_count=threads // 2 if turns else threads)
+            ds_full = T.alloc_barrier(arrive_count=[threads, threads]) if turns else None
             dq_empty = T.alloc_barrier(arrive_count=1)
 
             tx = T.get_thread_binding()
@@ -211,7 +222,7 @@ def attention_bwd_dkdv_ws(
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
                             score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
-                            if with_dq and dq_turns:
+                            if turns:
                                 T.copy(dsT, ds_s[st, :, :])
                                 T.fence_proxy_async()
                                 T.barrier_arrive(ds_full[st])
