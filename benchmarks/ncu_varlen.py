@@ -1,6 +1,6 @@
-"""One packed (varlen) forward and one dense forward of the same total tokens, for a profiler
-(developer tool): the varlen lever of benchmarks/NOTES.md ("profile the plain grid before any
-new tile order").
+"""One packed (varlen) forward (``--backward``: and its backward) and the same for a dense batch
+of the same total tokens, for a profiler (developer tool): the varlen lever of
+benchmarks/NOTES.md ("profile the plain grid before any new tile order").
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section SchedulerStats \\
@@ -9,7 +9,7 @@ new tile order").
 The batch is one of ``flashtile bench --varlen``'s (same seeded lengths; bf16, nheads x headdim
 = 2048).  Each call runs once unprofiled (load, warm-up), then once between
 cudaProfilerStart/Stop, varlen first, then dense ``batch x (total // batch)`` tokens (the
-bench's flashtile-equal), so ncu's report lists exactly those two forward kernels in that order.
+bench's flashtile-equal), so ncu's report lists exactly those kernels, varlen's first.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default="64 x 64..1024", help="a batch name of flashtile bench --varlen")
     ap.add_argument("--headdim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--backward", action="store_true")
     args = ap.parse_args(argv)
     batch = {b.name: b for b in batches("cuda")}[args.batch]
     d, h = args.headdim, 2048 // args.headdim
@@ -35,12 +36,21 @@ def main(argv=None) -> int:
     cu[1:] = lens.cumsum(0)
     cu = cu.cuda()
     total, n = int(lens.sum()), len(lens)
-    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    varlen = lambda: flashtile.flash_attn_varlen_func(q, k, v, cu, cu, int(lens.max()), int(lens.max()),  # noqa: E731
-                                                      causal=args.causal)
+    grad = args.backward
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=grad) for _ in range(3))
     s = total // n
-    qd, kd, vd = (x[: n * s].view(n, s, h, d) for x in (q, k, v))
-    dense = lambda: flashtile.flash_attn_func(qd, kd, vd, causal=args.causal)  # noqa: E731
+    qd, kd, vd = (x.detach()[: n * s].view(n, s, h, d).requires_grad_(grad) for x in (q, k, v))
+
+    def run(out):
+        if grad:
+            out.backward(torch.randn_like(out))
+
+    def varlen():
+        run(flashtile.flash_attn_varlen_func(q, k, v, cu, cu, int(lens.max()), int(lens.max()), causal=args.causal))
+
+    def dense():
+        run(flashtile.flash_attn_func(qd, kd, vd, causal=args.causal))
+
     for fn in (varlen, dense):
         fn()
     torch.cuda.synchronize()
