@@ -49,7 +49,7 @@ import tilelang
 import tilelang.language as T
 
 from . import seqinfo
-from .bwd import dkdv_prim_func, dq_prim_func, query_step, score_gradients
+from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients
 from .masks import TileMask, block_fully_visible, query_block_range, query_tile
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import grouped_tile
@@ -215,9 +215,8 @@ def attention_bwd_dkdv_ws(
                             T.wgmma_gemm(v_s, do_s[st, :, :], dpT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                             T.wait_wgmma(1)
                             probabilities(sT, capT, lse_s, score_scale, cap_in, st * block_m)
-                            # Query rows past the sequence are masked too (padding, or another sequence).
-                            interior = T.And(m0 + block_m <= seq.len_q, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, mask))
-                            keep_visible(sT, interior, m0, n0, mask)
+                            interior, key_tail = key_tail_tests(m0, n0, block_m, block_n, last_col, mask)
+                            keep_visible(sT, interior, m0, n0, mask, key_tail)
                             T.wait_wgmma(0)
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)

@@ -111,13 +111,12 @@ def query_tile(bx, block_m, block_n, mask, bottom_aligned: bool = False):
 
 def query_block_range(n0, block_n, block_m, mask):
     """Query blocks whose rows can see keys [n0, n0 + block_n): (first block, count, last key
-    the interior test must cover).
+    of the sequence in the block).
 
     In a packed batch a key block past its sequence's end (an empty slot of the packed grid,
-    ``seqinfo.packed_slots``) sees no query.  The last key: in a dense batch the last key of the sequence in
-    the block, since the tensor's zero-filled rows past the end add nothing to dQ; in a packed
-    batch the block's own last row, since the rows past the sequence's end are the next
-    sequence's keys and must be masked (a tail block is never interior there)."""
+    ``seqinfo.packed_slots``) sees no query.  The block's rows past the last key (a dense
+    tensor's zero fill, or a packed batch's next sequence) are the key tail that the dK/dV
+    kernels zero row by row (``bwd.score_gradients``' ``keep_visible``)."""
     seq, left, right = mask.seq, mask.left, mask.right
     off = seq.off
     last_col = T.min(n0 + block_n, seq.len_k) - 1
@@ -125,5 +124,5 @@ def query_block_range(n0, block_n, block_m, mask):
     hi = T.min(T.ceildiv(seq.len_q, block_m), T.ceildiv(T.max(0, last_col - off + left + 1), block_m))
     count = T.max(hi - lo, 0)
     if seq.varlen:
-        return lo, T.if_then_else(n0 < seq.len_k, count, 0), n0 + block_n - 1
+        count = T.if_then_else(n0 < seq.len_k, count, 0)
     return lo, count, last_col
