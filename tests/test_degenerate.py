@@ -207,34 +207,3 @@ def test_kvcache_out_of_range_indices_are_named_errors(what):
     with pytest.raises(ValueError, match="block_table|cache_batch_idx"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1, **kw)
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
-def test_cuda_very_negative_scores_keep_gradients_finite(varlen):
-    """Every score of a row below -100 (lse2 < -128) with a key count that is not a multiple
-    of the backward's 128-key block: the block's rows past the last key (a dense tensor's zero
-    fill, a packed batch's next sequence) must not reach dQ, where a zero key row's
-    P = exp2(-lse2) is inf and inf * 0 is NaN."""
-    torch.manual_seed(0)
-    d, h, n = 64, 2, 200
-    base = torch.rand(d) + 0.5  # positive entries: q . k = -16 * base . base / 64 per unit scale
-    q = (4 * base + 0.1 * torch.randn(n, h, d)).to(torch.bfloat16)
-    k = (-4 * base + 0.1 * torch.randn(n, h, d)).to(torch.bfloat16)
-    v = torch.randn(n, h, d).to(torch.bfloat16)
-    dout = torch.randn(n, h, d).to(torch.bfloat16)
-    qf, kf, vf = (x.double().requires_grad_() for x in (q, k, v))
-    scores = torch.einsum("qhd,khd->hqk", qf, kf) / d**0.5
-    assert scores.max() < -100, "the test needs every score below -100"
-    out_ref = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vf)
-    want = torch.autograd.grad(out_ref, (qf, kf, vf), dout.double())
-    leaves = [x.cuda().requires_grad_() for x in (q, k, v)]
-    if varlen:
-        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
-        out = flashtile.flash_attn_varlen_func(*leaves, cu, cu, n, n)
-    else:
-        out = flashtile.flash_attn_func(*(x.unsqueeze(0) for x in leaves))[0]
-    got = torch.autograd.grad(out, leaves, dout.cuda())
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        g = g.double().cpu()
-        assert torch.isfinite(g).all(), f"{name}: {(~torch.isfinite(g)).sum()} non-finite entries"
-        torch.testing.assert_close(g, w, atol=3e-2 * w.abs().max().item(), rtol=5e-2, msg=lambda m: f"{name}: {m}")

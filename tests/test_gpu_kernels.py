@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import flashtile
 from flashtile import flash_attn_func, reference
 from flashtile.check import naive_attention
 from flashtile.kernels import cache, debug
@@ -432,6 +433,36 @@ def test_empty_sequences(sinks):
     with debug.poison():
         out0, lse0 = flash_attn_func(q0, k0, k0, sinks=s, causal=True, return_lse=True)
     assert out0.shape == (2, 0, h, 128) and lse0.shape == (2, h, 0)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_very_negative_scores_with_a_key_tail(packed):
+    """Every score below -100 (lse2 < -128) and 200 keys, not a multiple of the backward's
+    128-key block: the block's rows past the last key (a dense tensor's zero fill; in a packed
+    batch the next sequence's keys) must not reach dQ.  A zero key row's P = exp2(-lse2) is inf
+    there and inf * 0 is NaN in dS K (the dense kernel did that until the ninth session).
+    The flash-attn rule against the float32 reference, as ``test_kernel_vs_reference``."""
+    d, h, n = 64, 2, 200
+    base = torch.rand(d, device="cuda") + 0.5  # q . k ~ -16 |base|^2: scores ~ -130 at scale 1/8
+    q = (4 * base + 0.1 * torch.randn(2, n, h, d, device="cuda")).to(BF16)
+    k = (-4 * base + 0.1 * torch.randn(2, n, h, d, device="cuda")).to(BF16)
+    v = torch.randn(2, n, h, d, device="cuda", dtype=BF16)
+    dout = torch.randn(2, n, h, d, device="cuda", dtype=BF16)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) / math.sqrt(d)
+    assert scores.max() < -100, "the case needs every score below -100"
+    if packed:  # two sequences of 200: the first one's key tail is the second one's keys
+        cu = torch.tensor([0, n, 2 * n], dtype=torch.int32, device="cuda")
+        leaves = [x.reshape(2 * n, h, -1).clone().requires_grad_(True) for x in (q, k, v)]
+        with debug.poison():
+            out, lse = flashtile.flash_attn_varlen_func(*leaves, cu, cu, n, n, return_lse=True)
+            grads = torch.autograd.grad(out, leaves, dout.reshape(2 * n, h, d))
+        got = (out.view(2, n, h, d), lse.view(h, 2, n).transpose(0, 1)) + tuple(g.view(2, n, h, d) for g in grads) + (None,)
+    else:
+        got, error = run_kernel(q, k, v, None, dout, None, False, (-1, -1), 0.0)
+        assert error is None, error
+    lp, r32 = run_references(q, k, v, None, dout, None, False, (-1, -1), 0.0)
+    fails = rule_failures("very negative scores", got, lp, r32)
+    assert not fails, "\n".join(fails)
 
 
 @pytest.mark.parametrize("d,dv,softcap", [(64, 64, 0.0), (192, 128, 0.0), (256, 256, 0.0), (128, 128, 30.0)], ids=["d64", "d192v128", "d256", "d128-softcap"])
