@@ -185,11 +185,12 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
         # bytes in the hand-written one (80 in the synchronous one, 124 with async S^T/dP^T).
         if has_softcap:
             return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256)
-        # d <= 64: each step's dQ tile by one warpgroup in turn (``dq_turns``).  H100
-        # (h100-2026-11-24/c1): d=64 +7-12% dense (4k full 3.80 -> 3.41 ms), packed +4-10%;
-        # d=128 17% slower (one warpgroup's 64 x 128 dQ turn is twice as long as the split's).
+        # d <= 96: each step's dQ tile by one warpgroup in turn (``dq_turns``).  H100
+        # (h100-2026-11-24/c1, c4): d=64 +7-12% dense (4k full 3.80 -> 3.41 ms), packed +4-10%;
+        # d=96 +2-7%; d=128 17% slower (one warpgroup's 64 x 128 dQ turn is twice as long as the
+        # split's, and the two-stage ring cannot let the other warpgroup run that far ahead).
         return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True,
-                         dq_turns=widest <= 64)
+                         dq_turns=widest <= 96)
     # d=256: 64 keys, two warpgroups splitting columns: 0.85x cuDNN at 4k (one warpgroup
     # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).
     return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)
