@@ -99,16 +99,12 @@ def attention_bwd_dkdv_ws(
         T.copy(v_s, seq.k_rows(dV, n0, block_n, hk))
 
     @T.macro
-    def dq_issue(ds_s, k_s, dq, ds_full, u, s):
-        """A turn's first half: once both halves of step s's dS^T (ring stage u = s % 2) are in
-        shared memory, issue its dQ = dS K over all 128 keys (async: the caller waits)."""
-        T.barrier_wait(ds_full[u], (s >> 1) & 1)
-        T.wgmma_gemm(ds_s[u, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
-
-    @T.macro
-    def dq_deliver(dq, dq_s, dq_empty, dq_full, s):
-        """A turn's second half, after its GEMM completed: step s's dQ -> dq_s for the writer."""
-        T.barrier_wait(dq_empty, (s & 1) ^ 1)  # the writer is done with step s - 1
+    def dq_turn(ds_s, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
+        """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys -> dq_s for the writer."""
+        T.barrier_wait(ds_full[st], i & 1)  # the other warpgroup's half of dS^T is in too
+        T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
+        T.wait_wgmma(0)
+        T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
         T.copy(dq, dq_s)
         T.fence_proxy_async()
         T.barrier_arrive(dq_full)
@@ -224,33 +220,20 @@ def attention_bwd_dkdv_ws(
                             T.wait_wgmma(0)
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
-                            # Turns: warpgroup st^1 issues step t-1's dQ behind this step's dV, both
-                            # under dS (each branch names its own fragment: st is not a Python int).
-                            if turns:
-                                if t >= 1:
-                                    if tx < 128:
-                                        if st == 1:
-                                            dq_issue(ds_s, k_s, dq[0], ds_full, 0, t - 1)
-                                    elif st == 0:
-                                        dq_issue(ds_s, k_s, dq[1], ds_full, 1, t - 1)
                             score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
                             if turns:
-                                # A turn completes before its warpgroup's next dS^T half is
-                                # announced: the other warpgroup waits for that before it reuses
-                                # the buffer the turn read.
-                                if t >= 1:
-                                    if (tx < 128) == (st == 1):
-                                        T.wait_wgmma(0)
                                 T.copy(dsT, ds_s[st, :, :])
                                 T.fence_proxy_async()
-                                T.barrier_arrive(ds_full[st])  # its dQ: warpgroup st, next step
+                                T.barrier_arrive(ds_full[st])
                                 T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
-                                if t >= 1:  # the turn's tile to the writer, under dK
-                                    if tx < 128:
-                                        if st == 1:
-                                            dq_deliver(dq[0], dq_s, dq_empty, dq_full, t - 1)
-                                    elif st == 0:
-                                        dq_deliver(dq[1], dq_s, dq_empty, dq_full, t - 1)
+                                # Warpgroup st computes this step's dQ (both halves of dS^T, all
+                                # 128 keys); the other one goes on to the next step meanwhile.
+                                # (Each branch names its own fragment: st is not a Python int.)
+                                if tx < 128:
+                                    if st == 0:
+                                        dq_turn(ds_s, k_s, dq[0], dq_s, ds_full, dq_empty, dq_full, st, i)
+                                elif st == 1:
+                                    dq_turn(ds_s, k_s, dq[1], dq_s, ds_full, dq_empty, dq_full, st, i)
                             elif with_dq:
                                 T.copy(dsT, ds_s[st, :, :])
                                 T.fence_proxy_async()
@@ -268,17 +251,6 @@ def attention_bwd_dkdv_ws(
                             T.wait_wgmma(0)
                             T.barrier_arrive(q_empty[st])
                             T.barrier_arrive(do_empty[st])
-                if turns:  # the last step's turn
-                    if n_steps >= 1:
-                        if tx < 128:
-                            if (n_steps - 1) % 2 == 0:
-                                dq_issue(ds_s, k_s, dq[0], ds_full, 0, n_steps - 1)
-                                T.wait_wgmma(0)
-                                dq_deliver(dq[0], dq_s, dq_empty, dq_full, n_steps - 1)
-                        elif (n_steps - 1) % 2 == 1:
-                            dq_issue(ds_s, k_s, dq[1], ds_full, 1, n_steps - 1)
-                            T.wait_wgmma(0)
-                            dq_deliver(dq[1], dq_s, dq_empty, dq_full, n_steps - 1)
 
                 whole = seqinfo.whole_tile(seq, n0, block_n, (dim, dim_v), keys=True)
                 if whole:
@@ -316,6 +288,17 @@ def attention_bwd_dq_ws(
     total = threads + 128
     probabilities, score_grad, keep_visible = score_gradients(block_m, block_n, False, has_softcap)
     load_kv = kv_pipeline_producer(block_n)
+
+    @T.macro
+    def dq_turn(ds_s, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
+        """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys -> dq_s for the writer."""
+        T.barrier_wait(ds_full[st], i & 1)  # the other warpgroup's half of dS^T is in too
+        T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
+        T.wait_wgmma(0)
+        T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
+        T.copy(dq, dq_s)
+        T.fence_proxy_async()
+        T.barrier_arrive(dq_full)
 
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs):
