@@ -290,17 +290,6 @@ def attention_bwd_dq_ws(
     load_kv = kv_pipeline_producer(block_n)
 
     @T.macro
-    def dq_turn(ds_s, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
-        """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys -> dq_s for the writer."""
-        T.barrier_wait(ds_full[st], i & 1)  # the other warpgroup's half of dS^T is in too
-        T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
-        T.wait_wgmma(0)
-        T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
-        T.copy(dq, dq_s)
-        T.fence_proxy_async()
-        T.barrier_arrive(dq_full)
-
-    @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQ, score_scale, sm_scale, cap_in, left, right, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
         with T.Kernel(*seqs.grid(block_m, H), threads=total) as ids:
