@@ -34,7 +34,7 @@ Roles (one CTA per key block of 128 keys, K and V stationary in shared memory):
 dS^T is double-buffered in shared memory so that a warpgroup running a step ahead never
 overwrites the half its partner's dQ GEMM still reads.
 
-With ``dq_turns`` (d <= 64, ``configs.bwd_config``) the warpgroups take turns instead of
+With ``dq_turns`` (d <= 96, ``configs.bwd_config``) the warpgroups take turns instead of
 splitting dQ's columns: after writing its half of dS^T each arrives on an mbarrier
 (``ds_full``) and issues dK; warpgroup ``t % 2`` then waits for the other half and computes step
 t's whole dQ tile (N = d, one GEMM instead of two N = d/2 ones) for the writer, while the other
@@ -42,7 +42,9 @@ goes on to step t + 1.  No consumer-wide barrier per step, and each warpgroup pa
 stores and fence every other step (the ncu profile in NOTES, ninth session, found those
 phases a quarter of a step's stalls).  The dS^T buffer stays safe: a turn's dQ completes before
 its warpgroup arrives on the next step's ``ds_full``, which the other waits for before it
-reuses the buffer.
+reuses the buffer.  The turn sits at the end of the step on purpose: issuing it a step later
+(under the next step's exp2, or behind its dV) measured 4-15% slower at d=64 (NOTES, ninth
+session, outcomes 2 and 4).
 """
 
 import tilelang
