@@ -81,6 +81,8 @@ CASES = [
     Case("auto fwd d128 causal", d=128, causal=True, override="auto-fwd"),
     Case("varlen d128 gqa2 causal sinks", d=128, h=4, hkv=2, causal=True, sinks=True, kind="varlen"),
     Case("varlen d64 window seqused det", d=64, window=(8, 0), deterministic=True, kind="varlen", extra={"seqused": True}),
+    # d <= 96: the dK/dV kernel's dQ turns (ds_full mbarriers); full mask: the key-tail row select
+    Case("varlen d64 gqa2 turns", d=64, h=4, hkv=2, kind="varlen"),
     Case("kvcache d128 gqa4 paged1", d=128, h=8, hkv=2, causal=True, kind="kvcache"),
     Case("kvcache d64 sinks window", d=64, h=4, hkv=4, window=(8, 0), sinks=True, kind="kvcache"),
     Case("kvcache d128 gqa4 paged1 fp8-cache", d=128, h=8, hkv=2, causal=True, kind="kvcache", fp8_cache=True),
