@@ -439,9 +439,9 @@ def test_empty_sequences(sinks):
 def test_very_negative_scores_with_a_key_tail(packed):
     """Every score below -100 (lse2 < -128) and 200 keys, not a multiple of the backward's
     128-key block: the block's rows past the last key (a dense tensor's zero fill; in a packed
-    batch the next sequence's keys) must not reach dQ.  A zero key row's P = exp2(-lse2) is inf
-    there and inf * 0 is NaN in dS K (the dense kernel did that until the ninth session).
-    The flash-attn rule against the float32 reference, as ``test_kernel_vs_reference``."""
+    batch the next sequence's keys) must not reach dQ, where a zero key row's exp2(-lse2) would
+    overflow.  The flash-attn rule against the float32 reference, as
+    ``test_kernel_vs_reference``."""
     d, h, n = 64, 2, 200
     base = torch.rand(d, device="cuda") + 0.5  # q . k ~ -16 |base|^2: scores ~ -130 at scale 1/8
     q = (4 * base + 0.1 * torch.randn(2, n, h, d, device="cuda")).to(BF16)

@@ -98,10 +98,11 @@ def key_tail_tests(m0, n0, block_m, block_n, last_col, mask):
     interior: every query row of the step belongs to the sequence (packed rows past it are the
     next sequence's, dense ones padding) and sees every key of the block up to ``last_col``.
     key_tail: the block runs past the sequence's keys.  Such a block's extra rows must not
-    reach dQ: they are the next sequence's keys in a packed batch, and in a dense batch zero
-    rows whose P = exp2(-lse) is inf where lse2 < -128, with inf * 0 = NaN in dS K.  An interior
-    step zeroes them with one select per key row instead of the elementwise mask (packed
-    batches' tail blocks took ~10% of the d=64 backward's stall samples in the full mask)."""
+    reach dQ: in a packed batch they are the next sequence's keys; in a dense batch they are
+    TMA's zero fill (harmless for ordinary scores, and zeroed all the same, so that both layouts
+    follow one rule).  An interior step zeroes them with one select per key row instead of the
+    elementwise mask (packed batches' tail blocks took ~10% of the d=64 backward's stall
+    samples in the full mask)."""
     interior = T.And(m0 + block_m <= mask.seq.len_q, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, mask))
     return interior, n0 + block_n > mask.seq.len_k
 

@@ -186,7 +186,7 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
         if has_softcap:
             return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256)
         # d <= 96: each step's dQ tile by one warpgroup in turn (``dq_turns``).  H100
-        # (h100-2026-11-24/c1, c4): d=64 +7-12% dense (4k full 3.80 -> 3.41 ms), packed +4-10%;
+        # (h100-2026-11-24b/c1, c4): d=64 +7-12% dense (4k full 3.80 -> 3.41 ms), packed +4-10%;
         # d=96 +2-7%; d=128 17% slower (one warpgroup's 64 x 128 dQ turn is twice as long as the
         # split's, and the two-stage ring cannot let the other warpgroup run that far ahead).
         return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True,
