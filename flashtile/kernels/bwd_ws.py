@@ -223,9 +223,10 @@ def attention_bwd_dkdv_ws(
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
                             score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
-                            if turns:
+                            if with_dq:  # dS^T -> shared memory for the dQ GEMM
                                 T.copy(dsT, ds_s[st, :, :])
                                 T.fence_proxy_async()
+                            if turns:
                                 T.barrier_arrive(ds_full[st])
                                 T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
                                 # Warpgroup st computes this step's dQ (both halves of dS^T, all
@@ -237,8 +238,6 @@ def attention_bwd_dkdv_ws(
                                 elif st == 1:
                                     dq_turn(ds_s, k_s, dq[1], dq_s, ds_full, dq_empty, dq_full, st, i)
                             elif with_dq:
-                                T.copy(dsT, ds_s[st, :, :])
-                                T.fence_proxy_async()
                                 T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
                                 # dQ before dK: dQ's tile goes to the writer while dK runs.
                                 T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
