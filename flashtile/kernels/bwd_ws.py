@@ -101,11 +101,10 @@ def attention_bwd_dkdv_ws(
         T.copy(v_s, seq.k_rows(dV, n0, block_n, hk))
 
     @T.macro
-    def dq_turn(ds_stage, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
-        """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys (dS^T in ``ds_stage``,
-        ring stage st) -> dq_s for the writer."""
+    def dq_turn(ds_s, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
+        """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys -> dq_s for the writer."""
         T.barrier_wait(ds_full[st], i & 1)  # the other warpgroup's half of dS^T is in too
-        T.wgmma_gemm(ds_stage, k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
+        T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
         T.wait_wgmma(0)
         T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
         T.copy(dq, dq_s)
@@ -136,9 +135,7 @@ def attention_bwd_dkdv_ws(
             do_s = T.alloc_shared([2, block_m, dim_v], dtype)
             lse_s = T.alloc_shared([2 * block_m], acc)  # both stages in one flat buffer
             delta_s = T.alloc_shared([2 * block_m], acc)
-            # One 2-D buffer per ring stage: a copy into a stage slice of one 3-D buffer does not
-            # lower to stmatrix in TileLang 0.1.15 (16 STS a step instead of 4 STSM).
-            ds_s = [T.alloc_shared([block_n, block_m], dtype) for _ in range(2)]
+            ds_s = T.alloc_shared([2, block_n, block_m], dtype)
             sT = T.alloc_fragment([block_n, block_m], acc)
             dpT = T.alloc_fragment([block_n, block_m], acc)
             pT = T.alloc_fragment([block_n, block_m], dtype)
@@ -225,19 +222,10 @@ def attention_bwd_dkdv_ws(
                             T.wait_wgmma(0)
                             T.copy(sT, pT)
                             T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
-                            if with_dq:
-                                # dS^T in place of dP^T (fp32), then to the dK GEMM's register operand
-                                # and, by stmatrix from the accumulator fragment, to shared memory for
-                                # the dQ GEMM (a branch per stage: st is not a Python int).
-                                score_grad(dpT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
-                                T.copy(dpT, dsT)
-                                if st == 0:
-                                    T.copy(dpT, ds_s[0])
-                                else:
-                                    T.copy(dpT, ds_s[1])
+                            score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
+                            if with_dq:  # dS^T -> shared memory for the dQ GEMM
+                                T.copy(dsT, ds_s[st, :, :])
                                 T.fence_proxy_async()
-                            else:
-                                score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
                             if turns:
                                 T.barrier_arrive(ds_full[st])
                                 T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
@@ -246,16 +234,13 @@ def attention_bwd_dkdv_ws(
                                 # (Each branch names its own fragment: st is not a Python int.)
                                 if tx < 128:
                                     if st == 0:
-                                        dq_turn(ds_s[0], k_s, dq[0], dq_s, ds_full, dq_empty, dq_full, st, i)
+                                        dq_turn(ds_s, k_s, dq[0], dq_s, ds_full, dq_empty, dq_full, st, i)
                                 elif st == 1:
-                                    dq_turn(ds_s[1], k_s, dq[1], dq_s, ds_full, dq_empty, dq_full, st, i)
+                                    dq_turn(ds_s, k_s, dq[1], dq_s, ds_full, dq_empty, dq_full, st, i)
                             elif with_dq:
                                 T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
                                 # dQ before dK: dQ's tile goes to the writer while dK runs.
-                                if st == 0:
-                                    T.wgmma_gemm(ds_s[0], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
-                                else:
-                                    T.wgmma_gemm(ds_s[1], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
+                                T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
                                 T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
                                 T.wait_wgmma(1)
                                 T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
