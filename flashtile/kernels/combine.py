@@ -41,6 +41,15 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
     groups = threads // chunks
     assert dim_v % 4 == 0 and groups >= 1, "dim_v a multiple of 4, at most 4 * threads"
 
+    def reference(m):
+        """The largest lse so far as the merge's reference point: 0 while every term is empty
+        (-inf), so that the weights below are exp(-inf) = 0 rather than NaN."""
+        return T.if_then_else(m == neg_inf, 0.0, m)
+
+    def weight(lse, top):
+        """exp(lse - top) by exp2."""
+        return T.exp2((lse - top) * LOG2E)
+
     @T.prim_func
     def main(
         Opart: T.Tensor([P, dim_v], acc),
@@ -86,13 +95,13 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                     m_new = m_t
                     for j in T.unroll(per_round):
                         m_new = T.max(m_new, lse_r[j])
-                    m_safe = T.if_then_else(m_new == neg_inf, 0.0, m_new)
-                    alpha = T.exp2((m_t - m_safe) * LOG2E)  # 0 while m_t is -inf
+                    m_safe = reference(m_new)
+                    alpha = weight(m_t, m_safe)  # 0 while m_t is -inf
                     l_t = l_t * alpha
                     for e in T.unroll(4):
                         o_t[e] = o_t[e] * alpha
                     for j in T.unroll(per_round):
-                        w = T.exp2((lse_r[j] - m_safe) * LOG2E)  # empty split / past num_splits: 0
+                        w = weight(lse_r[j], m_safe)  # empty split / past num_splits: 0
                         l_t = l_t + w
                         for e in T.unroll(4):
                             o_t[e] = o_t[e] + w * val[j * 4 + e]
@@ -109,17 +118,17 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                     m_new = T.max(m_new, m_s[gg])
                 if has_sinks:
                     m_new = T.max(m_new, Sinks[row % H])
-                m_safe = T.if_then_else(m_new == neg_inf, 0.0, m_new)
+                m_safe = reference(m_new)
                 l_t = 0.0
                 for e in T.unroll(4):
                     o_t[e] = 0.0
                 for gg in T.unroll(groups):
-                    alpha = T.exp2((m_s[gg] - m_safe) * LOG2E)
+                    alpha = weight(m_s[gg], m_safe)
                     l_t = l_t + l_s[gg] * alpha
                     for e in T.unroll(4):
                         o_t[e] = o_t[e] + o_s[gg, c0 + e] * alpha
                 if has_sinks:
-                    l_t = l_t + T.exp2((Sinks[row % H] - m_safe) * LOG2E)
+                    l_t = l_t + weight(Sinks[row % H], m_safe)
                 w = T.if_then_else(l_t > 0, 1.0 / l_t, 0.0)
                 for e in T.unroll(4):
                     O[row, c0 + e] = T.cast(o_t[e] * w, dtype)

@@ -51,4 +51,3 @@ def tile_pair(item, half, n_qb, pairs, H):
     row = item // pairs
     mirror = n_qb - 1 - pair
     return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
-
