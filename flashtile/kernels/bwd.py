@@ -136,7 +136,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
             right: T.int32,
             rows_per_group: T.int32,
         ):
-            kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqinfo.dense(B, Sq, Sk))
+            kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, None, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqinfo.dense(B, Sq, Sk))
 
         return main
 
@@ -157,6 +157,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         CuK: T.Tensor([Bc], T.int32),
         LenQ: T.Tensor([Bn], T.int32),
         LenK: T.Tensor([Bn], T.int32),
+        Ticket: T.Tensor([1], T.int32),
         score_scale: T.float32,
         sm_scale: T.float32,
         cap_in: T.float32,
@@ -167,7 +168,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
         max_k: T.int32,
     ):
         seqs = seqinfo.packed(CuQ, CuK, LenQ, LenK, max_q, max_k, stats=True, rows_q=Tq, rows_k=Tk)
-        kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs)
+        kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs)
 
     return main_varlen
 
@@ -258,7 +259,7 @@ def attention_bwd_dkdv(
     policy = T.GemmWarpPolicy.FullCol if split_cols else T.GemmWarpPolicy.FullRow
 
     @T.macro
-    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
+    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
         # Row-major launch order whatever rows_per_group says: with the grouped order's
         # computed indices TileLang 0.1.15's ThreadSync pass rejects this schedule at d=256.

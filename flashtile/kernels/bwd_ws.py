@@ -47,8 +47,11 @@ reuses the buffer.  The turn sits at the end of the step on purpose: issuing it 
 session, outcomes 2 and 4).
 """
 
+from types import SimpleNamespace
+
 import tilelang
 import tilelang.language as T
+from tvm.script.ir_builder import IRBuilder
 
 from . import seqinfo
 from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients
@@ -59,6 +62,37 @@ from .target import PASS_CONFIGS, TARGET, WS_PASS_CONFIGS
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
 FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
+
+
+def named(**buffers):
+    """A namespace of buffers allocated by a helper, each given its name as a kernel body's
+    own assignment would (``IRBuilder.name``): the generated CUDA, read while tuning, keeps
+    ``q_s`` rather than ``v_3``, and shared memory keeps its layout."""
+    for name, buf in buffers.items():
+        if buf is not None and not isinstance(buf, list):
+            IRBuilder.name(name, buf)
+    return SimpleNamespace(**buffers)
+
+
+def flip(parity, phase):
+    """A barrier's ``parity`` within a tile, turned by ``phase``, the parity its uses by the
+    CTA's earlier tiles left (a persistent CTA's register; 0, a Python int, for a CTA of one
+    tile: the expression stays as it was)."""
+    return parity if isinstance(phase, int) and phase == 0 else parity ^ phase
+
+
+class KeyTileWalk:
+    """The steps of one dK/dV tile: every (query head of kv head ``hk``'s GQA group, query
+    block) pair that can see it, heads outer (``bwd.query_step``)."""
+
+    def __init__(self, hk, groups, qb_lo, n_qblocks, block_m):
+        self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m = hk, groups, qb_lo, n_qblocks, block_m
+        self.n_steps = groups * n_qblocks
+        self.n_pairs = T.ceildiv(self.n_steps, 2)  # two steps per trip: ring stages stay constants
+
+    def step(self, t):
+        """(query head, first query row) of step ``t``."""
+        return query_step(t, self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m)
 
 
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
@@ -75,44 +109,208 @@ def attention_bwd_dkdv_ws(
     threads: int = 256,
     overlap: bool = True,
     dq_turns: bool = False,
+    persistent: bool = False,
+    num_sms: int = 132,
 ):
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``.  ``dq_turns``: the two
-    consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring)."""
+    consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring).
+    ``persistent`` (packed batches): ``num_sms`` CTAs walk the key tiles (see the module
+    docstring), taking the next tile from the zeroed counter Ticket."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
     loader_end, writer_end = threads + 32, threads + 64  # producer warps 0 and 1
     writer_lane0 = loader_end  # issues the dQ reduce-add (TileLang elects the range's first thread)
     turns = with_dq and dq_turns
+    # A persistent CTA's dS^T buffer is safe across tiles only with turns (``empty_turn``); the
+    # split dQ (d = 128) would need a second K/V buffer that does not fit shared memory anyway.
+    assert not persistent or (varlen and (turns or not with_dq)), "persistent: packed batches, dQ by turns or no dQ"
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.macro
-    def staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk):
+    def staged_store(dk, dv, k_t, v_t, dK, dV, seq, n0, hk):
         """dK/dV tiles -> memory through the K/V tiles (TMA stores; this schedule orders its
         shared memory by hand)."""
         # Both warpgroups' last GEMMs (dQ reads all of K) are done before K/V turn into the
         # dK/dV staging tiles.
         T.sync_threads(CONSUMERS_SYNC, threads)
-        T.copy(dk, k_s)
-        T.copy(dv, v_s)
+        T.copy(dk, k_t)
+        T.copy(dv, v_t)
         T.fence_proxy_async()
         T.sync_threads(CONSUMERS_SYNC, threads)
-        T.copy(k_s, seq.k_rows(dK, n0, block_n, hk))
-        T.copy(v_s, seq.k_rows(dV, n0, block_n, hk))
+        T.copy(k_t, seq.k_rows(dK, n0, block_n, hk))
+        T.copy(v_t, seq.k_rows(dV, n0, block_n, hk))
 
     @T.macro
-    def dq_turn(ds_s, k_s, dq, dq_s, ds_full, dq_empty, dq_full, st, i):
+    def store_tile(dk, dv, k_t, v_t, dK, dV, seq, n0, hk):
+        """The tile's dK/dV: staged through K/V by TMA, or a packed sequence's tail tile by
+        row-guarded stores from registers."""
+        whole = seqinfo.whole_tile(seq, n0, block_n, (dim, dim_v), keys=True)
+        if whole:
+            staged_store(dk, dv, k_t, v_t, dK, dV, seq, n0, hk)
+        else:
+            seqinfo.store_k_tail(seq, dk, dK, n0, block_n, hk, dim)
+            seqinfo.store_k_tail(seq, dv, dV, n0, block_n, hk, dim_v)
+
+    @T.macro
+    def dq_turn(ds_s, k_t, dq, dq_s, bars, st, i, phase, dq_phase):
         """One warpgroup's turn: step 2i+st's dQ = dS K over all 128 keys -> dq_s for the writer."""
-        T.barrier_wait(ds_full[st], i & 1)  # the other warpgroup's half of dS^T is in too
-        T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
+        T.barrier_wait(bars.ds_full[st], flip(i & 1, phase))  # the other warpgroup's half of dS^T is in too
+        T.wgmma_gemm(ds_s[st, :, :], k_t, dq, transpose_A=True, clear_accum=True, policy=FULL_ROW)
         T.wait_wgmma(0)
-        T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
+        T.barrier_wait(bars.dq_empty, flip(st ^ 1, dq_phase))  # the writer is done with step t-1
         T.copy(dq, dq_s)
         T.fence_proxy_async()
-        T.barrier_arrive(dq_full)
+        T.barrier_arrive(bars.dq_full)
 
     @T.macro
-    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
+    def load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase):
+        """The loader warp: each step's Q + lse and dO + Delta by TMA into the two-stage rings."""
+        for i in T.serial(walk.n_pairs):
+            for st in T.unroll(2):
+                t = i * 2 + st
+                if t < walk.n_steps:
+                    h, m0 = walk.step(t)
+                    T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
+                    T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
+                    T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
+                    T.barrier_arrive(bars.q_full[st])
+                    T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
+                    T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
+                    T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
+                    T.barrier_arrive(bars.do_full[st])
+
+    @T.macro
+    def write_steps(dQacc, sm, bars, seq, walk, dq_phase):
+        """The dQ writer warp: each step's dQ tile reduce-added into the fp32 accumulator."""
+        for i in T.serial(walk.n_pairs):
+            for st in T.unroll(2):
+                t = i * 2 + st
+                if t < walk.n_steps:
+                    h, m0 = walk.step(t)
+                    T.barrier_wait(bars.dq_full, flip(st, dq_phase))  # one use per step: parity = t & 1
+                    # Issued and waited for (TMA has read dq_s) by the warp's first lane.
+                    # Rows past a packed sequence's end add exact zeros (masked P).
+                    T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), sm.dq_s, use_tma=True)
+                    if T.get_thread_binding() == writer_lane0:
+                        T.barrier_arrive(bars.dq_empty)
+
+    @T.macro
+    def compute_steps(k_t, v_t, sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase):
+        """The two consumer warpgroups (64 keys each): every step of the tile (module docstring)."""
+        tx = T.get_thread_binding()
+        for i in T.serial(walk.n_pairs):
+            for st in T.unroll(2):
+                t = i * 2 + st
+                if t < walk.n_steps:
+                    h, m0 = walk.step(t)
+                    T.barrier_wait(bars.q_full[st], flip(i & 1, phase))
+                    T.wgmma_gemm(k_t, sm.q_s[st, :, :], fr.sT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    T.barrier_wait(bars.do_full[st], flip(i & 1, phase))
+                    T.wgmma_gemm(v_t, sm.do_s[st, :, :], fr.dpT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                    T.wait_wgmma(1)
+                    probabilities(fr.sT, fr.capT, sm.lse_s, score_scale, cap_in, st * block_m)
+                    interior, key_tail = key_tail_tests(m0, n0, block_m, block_n, last_col, mask)
+                    keep_visible(fr.sT, interior, m0, n0, mask, key_tail)
+                    T.wait_wgmma(0)
+                    T.copy(fr.sT, fr.pT)
+                    T.wgmma_gemm(fr.pT, sm.do_s[st, :, :], fr.dv, policy=FULL_ROW)
+                    score_grad(fr.dsT, fr.sT, fr.dpT, sm.delta_s, fr.capT, sm_scale, st * block_m)
+                    if with_dq:  # dS^T -> shared memory for the dQ GEMM
+                        T.copy(fr.dsT, sm.ds_s[st, :, :])
+                        T.fence_proxy_async()
+                    if turns:
+                        T.barrier_arrive(bars.ds_full[st])
+                        T.wgmma_gemm(fr.dsT, sm.q_s[st, :, :], fr.dk, policy=FULL_ROW)
+                        # Warpgroup st computes this step's dQ (both halves of dS^T, all
+                        # 128 keys); the other one goes on to the next step meanwhile.
+                        # (Each branch names its own fragment: st is not a Python int.)
+                        if tx < 128:
+                            if st == 0:
+                                dq_turn(sm.ds_s, k_t, fr.dq[0], sm.dq_s, bars, st, i, phase, dq_phase)
+                        elif st == 1:
+                            dq_turn(sm.ds_s, k_t, fr.dq[1], sm.dq_s, bars, st, i, phase, dq_phase)
+                    elif with_dq:
+                        T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
+                        # dQ before dK: dQ's tile goes to the writer while dK runs.
+                        T.wgmma_gemm(sm.ds_s[st, :, :], k_t, fr.dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
+                        T.wgmma_gemm(fr.dsT, sm.q_s[st, :, :], fr.dk, policy=FULL_ROW)
+                        T.wait_wgmma(1)
+                        T.barrier_wait(bars.dq_empty, flip(st ^ 1, dq_phase))  # the writer is done with step t-1
+                        T.copy(fr.dq, sm.dq_s)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(bars.dq_full)
+                    else:
+                        T.wgmma_gemm(fr.dsT, sm.q_s[st, :, :], fr.dk, policy=FULL_ROW)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(bars.q_empty[st])
+                    T.barrier_arrive(bars.do_empty[st])
+
+    @T.macro
+    def empty_turn(bars, walk, phase, loader):
+        """A persistent CTA's tile with an odd step count ends with an empty turn on ring stage
+        1, so that every tile starts on stage 0 (stages stay compile-time constants and one
+        ``phase`` serves every ring barrier) and the two warpgroups keep alternating on the
+        dS^T buffers: with turns, warpgroup 1 waits on ``ds_full[1]`` here, which warpgroup 0
+        reaches only after its dQ turn of the tile's last step, before either writes
+        ``ds_s[0]`` for the next tile's first step."""
+        i = walk.n_pairs - 1
+        if walk.n_steps % 2 == 1:
+            if loader:
+                T.barrier_wait(bars.q_empty[1], flip((i & 1) ^ 1, phase))
+                T.barrier_arrive(bars.q_full[1])
+                T.barrier_wait(bars.do_empty[1], flip((i & 1) ^ 1, phase))
+                T.barrier_arrive(bars.do_full[1])
+            else:
+                T.barrier_wait(bars.q_full[1], flip(i & 1, phase))
+                T.barrier_wait(bars.do_full[1], flip(i & 1, phase))
+                if turns:
+                    T.barrier_arrive(bars.ds_full[1])
+                    if T.get_thread_binding() >= 128:
+                        T.barrier_wait(bars.ds_full[1], flip(i & 1, phase))
+                T.barrier_arrive(bars.q_empty[1])
+                T.barrier_arrive(bars.do_empty[1])
+
+    def step_buffers():
+        """(shared memory, fragments) of the steps: the Q/dO rings, their statistics, dS^T and
+        the dQ tile; the score tiles and the dK/dV (and dQ) accumulators.  (Allocated in this
+        order; namespaces built at the end: the jit's rewriting takes no attribute stores.)"""
+        q_s = T.alloc_shared([2, block_m, dim], dtype)
+        do_s = T.alloc_shared([2, block_m, dim_v], dtype)
+        lse_s = T.alloc_shared([2 * block_m], acc)  # both stages in one flat buffer
+        delta_s = T.alloc_shared([2 * block_m], acc)
+        ds_s = T.alloc_shared([2, block_n, block_m], dtype)
+        sT = T.alloc_fragment([block_n, block_m], acc)
+        dpT = T.alloc_fragment([block_n, block_m], acc)
+        pT = T.alloc_fragment([block_n, block_m], dtype)
+        dsT = T.alloc_fragment([block_n, block_m], dtype)
+        dk = T.alloc_fragment([block_n, dim], acc)
+        dv = T.alloc_fragment([block_n, dim_v], acc)
+        capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
+        dq, dq_s = None, None
+        if with_dq:
+            # Turns: one dQ fragment per warpgroup (each laid out over its own 128 threads).
+            dq = [T.alloc_fragment([block_m, dim], acc) for _ in range(2)] if turns else T.alloc_fragment([block_m, dim], acc)
+            dq_s = T.alloc_shared([block_m, dim], acc)
+        sm = named(q_s=q_s, do_s=do_s, lse_s=lse_s, delta_s=delta_s, ds_s=ds_s, dq_s=dq_s)
+        fr = named(sT=sT, dpT=dpT, pT=pT, dsT=dsT, dk=dk, dv=dv, capT=capT, dq=dq)
+        return sm, fr
+
+    def ring_barriers():
+        return named(
+            q_full=T.alloc_barrier(arrive_count=[32, 32]),
+            do_full=T.alloc_barrier(arrive_count=[32, 32]),
+            q_empty=T.alloc_barrier(arrive_count=[threads, threads]),
+            do_empty=T.alloc_barrier(arrive_count=[threads, threads]),
+            # Turns: only the warpgroup whose turn it is fills dq_s; ds_full says both halves of
+            # a step's dS^T are in shared memory.
+            dq_full=T.alloc_barrier(arrive_count=threads // 2 if turns else threads),
+            ds_full=T.alloc_barrier(arrive_count=[threads, threads]) if turns else None,
+            dq_empty=T.alloc_barrier(arrive_count=1),
+        )
+
+    @T.macro
+    def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
         key_blocks = T.ceildiv(seqs.max_k, block_n)
         # Packed batches: real key tiles only, sequence-major (``seqinfo.packed_slots``).
@@ -131,42 +329,16 @@ def attention_bwd_dkdv_ws(
             # K and V stay for the whole CTA; after the last step they stage dK and dV.
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
-            q_s = T.alloc_shared([2, block_m, dim], dtype)
-            do_s = T.alloc_shared([2, block_m, dim_v], dtype)
-            lse_s = T.alloc_shared([2 * block_m], acc)  # both stages in one flat buffer
-            delta_s = T.alloc_shared([2 * block_m], acc)
-            ds_s = T.alloc_shared([2, block_n, block_m], dtype)
-            sT = T.alloc_fragment([block_n, block_m], acc)
-            dpT = T.alloc_fragment([block_n, block_m], acc)
-            pT = T.alloc_fragment([block_n, block_m], dtype)
-            dsT = T.alloc_fragment([block_n, block_m], dtype)
-            dk = T.alloc_fragment([block_n, dim], acc)
-            dv = T.alloc_fragment([block_n, dim_v], acc)
-            capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
-            if with_dq:
-                # Turns: one dQ fragment per warpgroup (each laid out over its own 128 threads).
-                dq = [T.alloc_fragment([block_m, dim], acc) for _ in range(2)] if turns else T.alloc_fragment([block_m, dim], acc)
-                dq_s = T.alloc_shared([block_m, dim], acc)
-
+            sm, fr = step_buffers()
             bar_kv = T.alloc_barrier(arrive_count=total)
-            q_full = T.alloc_barrier(arrive_count=[32, 32])
-            do_full = T.alloc_barrier(arrive_count=[32, 32])
-            q_empty = T.alloc_barrier(arrive_count=[threads, threads])
-            do_empty = T.alloc_barrier(arrive_count=[threads, threads])
-            # Turns: only the warpgroup whose turn it is fills dq_s; ds_full says both halves of
-            # a step's dS^T are in shared memory.
-            dq_full = T.alloc_barrier(arrive_count=threads // 2 if turns else threads)
-            ds_full = T.alloc_barrier(arrive_count=[threads, threads]) if turns else None
-            dq_empty = T.alloc_barrier(arrive_count=1)
+            bars = ring_barriers()
 
             tx = T.get_thread_binding()
             n0 = bx * block_n
-            groups = H // Hkv
             seq = seqs.of(b)
             mask = TileMask(seq, left, right)
             qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
-            n_steps = groups * n_qblocks
-            n_pairs = T.ceildiv(n_steps, 2)
+            walk = KeyTileWalk(hk, H // Hkv, qb_lo, n_qblocks, block_m)
 
             T.tma_copy(seq.k_rows(K, n0, block_n, hk), k_s, barrier=bar_kv)
             T.tma_copy(seq.k_rows(V, n0, block_n, hk), v_s, barrier=bar_kv)
@@ -175,92 +347,131 @@ def attention_bwd_dkdv_ws(
             if tx >= threads:
                 T.set_max_nreg(24, 0)
                 if tx < loader_end:
-                    # Two steps per trip so that ring stages are compile-time indices.
-                    for i in T.serial(n_pairs):
-                        for st in T.unroll(2):
-                            t = i * 2 + st
-                            if t < n_steps:
-                                h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
-                                T.barrier_wait(q_empty[st], (i & 1) ^ 1)
-                                T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s[st, :, :], barrier=q_full[st])
-                                T.tma_copy(seq.stat(LSE2, h, m0, block_m), lse_s[st * block_m : (st + 1) * block_m], barrier=q_full[st])
-                                T.barrier_arrive(q_full[st])
-                                T.barrier_wait(do_empty[st], (i & 1) ^ 1)
-                                T.tma_copy(seq.q_rows(dO, m0, block_m, h), do_s[st, :, :], barrier=do_full[st])
-                                T.tma_copy(seq.stat(Delta, h, m0, block_m), delta_s[st * block_m : (st + 1) * block_m], barrier=do_full[st])
-                                T.barrier_arrive(do_full[st])
+                    load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, 0)
                 elif with_dq and tx < writer_end:
-                    for i in T.serial(n_pairs):
-                        for st in T.unroll(2):
-                            t = i * 2 + st
-                            if t < n_steps:
-                                h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
-                                T.barrier_wait(dq_full, st)  # one use per step: parity = t & 1
-                                # Issued and waited for (TMA has read dq_s) by the warp's first lane.
-                                # Rows past a packed sequence's end add exact zeros (masked P).
-                                T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq_s, use_tma=True)
-                                if tx == writer_lane0:
-                                    T.barrier_arrive(dq_empty)
+                    write_steps(dQacc, sm, bars, seq, walk, 0)
             else:
                 T.set_max_nreg(240, 1)
-                T.clear(dk)
-                T.clear(dv)
+                T.clear(fr.dk)
+                T.clear(fr.dv)
                 T.barrier_wait(bar_kv, 0)
-                for i in T.serial(n_pairs):
-                    for st in T.unroll(2):
-                        t = i * 2 + st
-                        if t < n_steps:
-                            h, m0 = query_step(t, hk, groups, qb_lo, n_qblocks, block_m)
-                            T.barrier_wait(q_full[st], i & 1)
-                            T.wgmma_gemm(k_s, q_s[st, :, :], sT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                            T.barrier_wait(do_full[st], i & 1)
-                            T.wgmma_gemm(v_s, do_s[st, :, :], dpT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                            T.wait_wgmma(1)
-                            probabilities(sT, capT, lse_s, score_scale, cap_in, st * block_m)
-                            interior, key_tail = key_tail_tests(m0, n0, block_m, block_n, last_col, mask)
-                            keep_visible(sT, interior, m0, n0, mask, key_tail)
-                            T.wait_wgmma(0)
-                            T.copy(sT, pT)
-                            T.wgmma_gemm(pT, do_s[st, :, :], dv, policy=FULL_ROW)
-                            score_grad(dsT, sT, dpT, delta_s, capT, sm_scale, st * block_m)
-                            if with_dq:  # dS^T -> shared memory for the dQ GEMM
-                                T.copy(dsT, ds_s[st, :, :])
-                                T.fence_proxy_async()
-                            if turns:
-                                T.barrier_arrive(ds_full[st])
-                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
-                                # Warpgroup st computes this step's dQ (both halves of dS^T, all
-                                # 128 keys); the other one goes on to the next step meanwhile.
-                                # (Each branch names its own fragment: st is not a Python int.)
-                                if tx < 128:
-                                    if st == 0:
-                                        dq_turn(ds_s, k_s, dq[0], dq_s, ds_full, dq_empty, dq_full, st, i)
-                                elif st == 1:
-                                    dq_turn(ds_s, k_s, dq[1], dq_s, ds_full, dq_empty, dq_full, st, i)
-                            elif with_dq:
-                                T.sync_threads(CONSUMERS_SYNC, threads)  # both halves of dS^T written
-                                # dQ before dK: dQ's tile goes to the writer while dK runs.
-                                T.wgmma_gemm(ds_s[st, :, :], k_s, dq, transpose_A=True, clear_accum=True, policy=FULL_COL)
-                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
-                                T.wait_wgmma(1)
-                                T.barrier_wait(dq_empty, st ^ 1)  # the writer is done with step t-1
-                                T.copy(dq, dq_s)
-                                T.fence_proxy_async()
-                                T.barrier_arrive(dq_full)
-                            else:
-                                T.wgmma_gemm(dsT, q_s[st, :, :], dk, policy=FULL_ROW)
-                            T.wait_wgmma(0)
-                            T.barrier_arrive(q_empty[st])
-                            T.barrier_arrive(do_empty[st])
+                compute_steps(k_s, v_s, sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, 0, 0)
+                store_tile(fr.dk, fr.dv, k_s, v_s, dK, dV, seq, n0, hk)
 
-                whole = seqinfo.whole_tile(seq, n0, block_n, (dim, dim_v), keys=True)
-                if whole:
-                    staged_store(dk, dv, k_s, v_s, dK, dV, seq, n0, hk)
-                else:  # a packed sequence's tail tile: row-guarded stores from registers
-                    seqinfo.store_k_tail(seq, dk, dK, n0, block_n, hk, dim)
-                    seqinfo.store_k_tail(seq, dv, dV, n0, block_n, hk, dim_v)
+    # What the loader hands the other roles per tile (``TILE_FIELDS``): batch entry (-1: no
+    # more tiles), key block, kv head, then the sequence's ``seqinfo.FOUND_FIELDS``.
+    n_fields = 3 + len(seqinfo.FOUND_FIELDS)
 
-    return dkdv_prim_func(dim, dim_v, dtype, varlen, kernel)
+    @T.macro
+    def persistent_kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
+        H, Hkv = Q.shape[2], K.shape[2]
+        groups = H // Hkv
+        extent = seqs.grid(block_n, Hkv, keys=True)[0]
+        grid = T.min(extent, num_sms)
+        with T.Kernel(grid, threads=total) as cta:
+            # Two K/V buffers: the next tile's K/V load under this tile's steps.
+            k_s = T.alloc_shared([2, block_n, dim], dtype)
+            v_s = T.alloc_shared([2, block_n, dim_v], dtype)
+            sm, fr = step_buffers()
+            tile_s = T.alloc_shared([2, n_fields], T.int32)  # the hand-over, one per K/V buffer
+            found = seqinfo.found_buffer()  # the loader's search
+            kv_full = T.alloc_barrier(arrive_count=[32, 32])  # the loader warp (+ TMA bytes)
+            # Consumers done with K/V (and dK/dV stored from them); the writer has read tile_s.
+            kv_empty = T.alloc_barrier(arrive_count=[threads + 1, threads + 1] if with_dq else [threads, threads])
+            bars = ring_barriers()
+
+            tiles = T.alloc_var(T.int32, init=0)  # tiles this role has started
+            phase = T.alloc_var(T.int32, init=0)  # ring and ds_full parity left by earlier tiles
+            dq_phase = T.alloc_var(T.int32, init=0)  # dq_full / dq_empty parity (one use per step)
+            running = T.alloc_var(T.int32, init=1)
+            b = T.alloc_var(T.int32, init=0)
+            bx = T.alloc_var(T.int32, init=0)
+            hk = T.alloc_var(T.int32, init=0)
+            tx = T.get_thread_binding()
+
+            if tx >= threads:
+                T.set_max_nreg(24, 0)
+                if tx < loader_end:
+                    # The first tile of every CTA is its own slot, later ones come by ticket.
+                    slot = T.alloc_var(T.int32, init=cta)
+                    ticket = T.alloc_var(T.int32, init=0)
+                    while slot < extent:
+                        found_bx, found_hk, found_b = seqs.tile(slot, block_n, Hkv, 32, keys=True, head_group=rows_per_group, found=found, warp=True)
+                        if tx == threads:  # ask for the next slot now: its round trip runs under this tile
+                            ticket = T.atomic_add(Ticket[0], 1, return_prev=True)
+                        if found_bx < seqinfo.DEAD_SLOT:
+                            buf = tiles % 2
+                            T.barrier_wait(kv_empty[buf], ((tiles // 2) & 1) ^ 1)
+                            if tx == threads:
+                                tile_s[buf, 0] = found_b
+                                tile_s[buf, 1] = found_bx
+                                tile_s[buf, 2] = found_hk
+                                for f in T.unroll(len(seqinfo.FOUND_FIELDS)):
+                                    tile_s[buf, 3 + f] = found[3 + f]
+                            seq = seqs.of(found_b)
+                            mask = TileMask(seq, left, right)
+                            n0 = found_bx * block_n
+                            qb_lo, n_qblocks, _ = query_block_range(n0, block_n, block_m, mask)
+                            walk = KeyTileWalk(found_hk, groups, qb_lo, n_qblocks, block_m)
+                            T.tma_copy(seq.k_rows(K, n0, block_n, found_hk), k_s[buf, :, :], barrier=kv_full[buf])
+                            T.tma_copy(seq.k_rows(V, n0, block_n, found_hk), v_s[buf, :, :], barrier=kv_full[buf])
+                            T.barrier_arrive(kv_full[buf])
+                            load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase)
+                            empty_turn(bars, walk, phase, True)
+                            phase = phase ^ (walk.n_pairs & 1)
+                            tiles = tiles + 1
+                        slot = T.shfl_sync(ticket, 0) + grid
+                    buf = tiles % 2  # no more tiles: say so
+                    T.barrier_wait(kv_empty[buf], ((tiles // 2) & 1) ^ 1)
+                    if tx == threads:
+                        tile_s[buf, 0] = -1
+                    T.barrier_arrive(kv_full[buf])
+                elif with_dq and tx < writer_end:
+                    while running == 1:
+                        buf = tiles % 2
+                        T.barrier_wait(kv_full[buf], (tiles // 2) & 1)
+                        b = tile_s[buf, 0]
+                        bx = tile_s[buf, 1]
+                        hk = tile_s[buf, 2]
+                        seq = seqs.of_fields(b, [tile_s[buf, 3 + f] for f in range(len(seqinfo.FOUND_FIELDS))])
+                        if tx == writer_lane0:
+                            T.barrier_arrive(kv_empty[buf])
+                        if b < 0:
+                            running = 0
+                        else:
+                            mask = TileMask(seq, left, right)
+                            qb_lo, n_qblocks, _ = query_block_range(bx * block_n, block_n, block_m, mask)
+                            walk = KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m)
+                            write_steps(dQacc, sm, bars, seq, walk, dq_phase)
+                            dq_phase = dq_phase ^ (walk.n_steps & 1)
+                            tiles = tiles + 1
+            else:
+                T.set_max_nreg(240, 1)
+                while running == 1:
+                    buf = tiles % 2
+                    T.barrier_wait(kv_full[buf], (tiles // 2) & 1)
+                    b = tile_s[buf, 0]
+                    bx = tile_s[buf, 1]
+                    hk = tile_s[buf, 2]
+                    if b < 0:
+                        running = 0
+                    else:
+                        seq = seqs.of_fields(b, [tile_s[buf, 3 + f] for f in range(len(seqinfo.FOUND_FIELDS))])
+                        mask = TileMask(seq, left, right)
+                        n0 = bx * block_n
+                        qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
+                        walk = KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m)
+                        T.clear(fr.dk)
+                        T.clear(fr.dv)
+                        compute_steps(k_s[buf, :, :], v_s[buf, :, :], sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase)
+                        empty_turn(bars, walk, phase, False)
+                        store_tile(fr.dk, fr.dv, k_s[buf, :, :], v_s[buf, :, :], dK, dV, seq, n0, hk)
+                        T.barrier_arrive(kv_empty[buf])
+                        phase = phase ^ (walk.n_pairs & 1)
+                        dq_phase = dq_phase ^ (walk.n_steps & 1)
+                        tiles = tiles + 1
+
+    return dkdv_prim_func(dim, dim_v, dtype, varlen, persistent_kernel if persistent else kernel)
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)

@@ -157,15 +157,15 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
 
 
 def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool,
-                     window=(-1, -1), varlen: bool = False):
+                     window=(-1, -1), varlen: bool = False, num_sms: int = 132):
     """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure."""
     structures = _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic,
-                                      configs.mask_kind(window), varlen)
+                                      configs.mask_kind(window), varlen, num_sms)
     return tuple(None if st is None else cache.get_static(*st) for st in structures[:3])
 
 
 @_memoised
-def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen):
+def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen, num_sms=132):
     """``cache.structure`` of (preprocess, dK/dV main, dQ or None), then the main kernel's
     ``BwdConfig``."""
     from .bwd_preprocess import attention_bwd_preprocess
@@ -173,8 +173,9 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
 
     prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse, varlen=varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
-    cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap)
-    main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static)
+    cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap, varlen)
+    extra = {"num_sms": num_sms} if getattr(cfg, "persistent", False) else {}
+    main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static, **extra)
     dq = None
     if deterministic:
         dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype, has_softcap)
@@ -219,7 +220,9 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
         return dq, dk, dv, dsinks
 
     varlen = packed is not None
-    prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen)
+    num_sms = target.sm_count(q.device)
+    prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
+                                             num_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
     if varlen:  # each sequence's statistics start 16-byte aligned (seqinfo.stat_start); gaps hold 0
         delta, lse2 = torch.zeros(2, 1, h, seqinfo.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
@@ -236,18 +239,21 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     if varlen:  # kv heads of a sequence walked together (a query head group's worth of K/V)
         rows = max(1, configs.head_group(max(d, dv_), kind) // (h // hkv))
     else:
-        main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen)[3]
-        rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, -(-sk // main_cfg.block_n), target.sm_count(q.device))
+        main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen, num_sms)[3]
+        rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, -(-sk // main_cfg.block_n), num_sms)
+    # A packed batch's Ticket (``bwd.dkdv_prim_func``): the persistent schedule's tile counter,
+    # zeroed here (one small fill); other schedules never read it.
     seq_args = packed.tensors() if varlen else ()
+    dkdv_seq_args = (*seq_args, torch.zeros(1, dtype=torch.int32, device=q.device)) if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
     tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)
     if deterministic:
         dq_acc = torch.empty(*lead(q).shape, dtype=torch.float32, device=q.device)  # not touched
-        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *seq_args, *scalars, rows, *max_args)
+        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *dkdv_seq_args, *scalars, rows, *max_args)
         dq_kernel(*tensors, lead(dq), *seq_args, *scalars, *max_args)
     else:
         dq_acc = torch.zeros(*lead(q).shape, dtype=torch.float32, device=q.device)
-        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *seq_args, *scalars, rows, *max_args)
+        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *dkdv_seq_args, *scalars, rows, *max_args)
         lead(dq).copy_(dq_acc)  # postprocess: fp32 accumulator -> input dtype
 
     dsinks = None

@@ -107,7 +107,7 @@ class Sequences:
         assert rows is not None, "packed grids need the tensors' row count (seqinfo.packed rows_q / rows_k)"
         return (heads * packed_slots(rows, self.batch, block),)
 
-    def tile(self, ids, block, heads, threads, keys=False, head_group=None):
+    def tile(self, ids, block, heads, threads, keys=False, head_group=None, found=None, warp=False):
         """(block index, head, batch entry) of the CTA with launch indices ``ids`` (``grid``'s
         extents).  With a ``head_group`` (the argument, else the Sequences'; for a packed grid
         only the argument's or the Sequences' runtime value), a batch entry's CTAs walk its heads
@@ -116,7 +116,10 @@ class Sequences:
         head group, block, head).  Packed: found among the sequences
         by the CTA's ``threads`` threads together (one shared-memory exchange and barrier,
         ``packed_slots``); a CTA whose slot holds no tile gets a block index past every
-        sequence's end, so the kernels' own range checks give it no work."""
+        sequence's end, so the kernels' own range checks give it no work.  A persistent kernel
+        passes ``found`` (its own buffer, ``found_buffer``) and ``warp=True``: one warp
+        searches (``ids`` is then the slot it is after) with warp syncs while the other roles
+        run on."""
         head_group = self.head_group if head_group is None else head_group
         if not self.varlen:
             if self.head_group is None:  # the grid kept its three axes (``grid``)
@@ -126,8 +129,9 @@ class Sequences:
             # Registers: as expressions the divisions by runtime sizes recur at every use.
             return tuple(T.alloc_var(T.int32, init=x)[0] for x in (block_of, head_of, ids // (n_blocks * heads)))
         cu = self._cu_k if keys else self._cu_q
-        found = T.alloc_shared([3 + len(FOUND_FIELDS)], T.int32, scope="shared")
-        find_slot(cu, self.batch, block, ids // heads, found, threads, self._fields())
+        if found is None:
+            found = found_buffer()
+        find_slot(cu, self.batch, block, ids // heads, found, threads, self._fields(), warp)
         entry = T.alloc_var(T.int32, init=found[0])[0]
         first = T.alloc_var(T.int32, init=found[1])[0]
         slots = T.alloc_var(T.int32, init=found[2])[0]
@@ -151,14 +155,21 @@ class Sequences:
         packed tile's query rows against the sequence's end (``Sequence.rows_checked``)."""
         if not self.varlen:
             return Sequence(False, b, self.max_q, self.max_k)
-        # Registers, not expressions: a load expression would be re-issued at every use.  After
-        # ``tile``, the search already loaded them into shared memory, saving the CTA a
+        # After ``tile``, the search already loaded them into shared memory, saving the CTA a
         # dependent global round trip before its first load (``b`` is then tile's entry: the
         # name a kernel binds it to is a new variable, so no check can tell).
-        if self._found is not None:
-            fields = [self._found[3 + i] for i in range(len(FOUND_FIELDS))]
-        else:
-            fields = [f[b] for f in self._fields()]
+        fields = self.found_fields() if self._found is not None else [f[b] for f in self._fields()]
+        return self.of_fields(b, fields, check_rows)
+
+    def found_fields(self):
+        """The ``FOUND_FIELDS`` values of the sequence the last ``tile`` found (shared-memory
+        reads): a persistent kernel's loader hands them to the other roles."""
+        return [self._found[3 + i] for i in range(len(FOUND_FIELDS))]
+
+    def of_fields(self, b, fields, check_rows: bool = True) -> Sequence:
+        """``of`` for packed batch entry ``b`` whose ``FOUND_FIELDS`` values are ``fields``
+        (expressions, e.g. a persistent kernel's per-tile hand-over in shared memory)."""
+        # Registers, not expressions: a load expression would be re-issued at every use.
         q0, k0, len_q, len_k = (T.alloc_var(T.int32, init=f)[0] for f in fields)
         s0 = T.alloc_var(T.int32, init=stat_start(q0, b))[0] if self._stats else None
         v0 = v_column_start(k0, b, self._v_group) if self._v_group else 0
@@ -238,14 +249,21 @@ def slot_tile(ids, heads, first, slots, head_group=1):
 FOUND_FIELDS = ("q0", "k0", "len_q", "len_k")
 
 
+def found_buffer():
+    """Shared scratch for ``find_slot``'s answer."""
+    return T.alloc_shared([3 + len(FOUND_FIELDS)], T.int32, scope="shared")
+
+
 @T.macro
-def find_slot(cu, batch, block, slot, found, threads, fields):
+def find_slot(cu, batch, block, slot, found, threads, fields, warp=False):
     """``found`` (shared int32 [3 + len(FOUND_FIELDS)]) <- (b, f(b), f(b + 1) - f(b)) for the
     sequence owning ``slot`` (``packed_slots``), then entry b of each array in ``fields``; or
     (batch, slot, 1, 0, ...) for a slot no sequence owns (past the last one, or any slot of
     offsets that are not monotone: then no thread writes).  Each thread loads its entries'
-    fields together with their offsets, so the search and the loads cost one round trip."""
-    tx = T.get_thread_binding()
+    fields together with their offsets, so the search and the loads cost one round trip.
+    ``warp``: the calling warp alone searches (``threads`` = 32, warp syncs)."""
+    sync = T.sync_warp if warp else T.sync_threads
+    tx = T.get_thread_binding() % 32 if warp else T.get_thread_binding()
     key = T.alloc_var(T.int32, init=slot)
     if tx == 0:
         found[0] = batch
@@ -253,7 +271,7 @@ def find_slot(cu, batch, block, slot, found, threads, fields):
         found[2] = 1
         for f in T.unroll(len(FOUND_FIELDS)):
             found[3 + f] = 0
-    T.sync_threads()
+    sync()
     for r in T.serial(T.ceildiv(batch, threads)):
         e = r * threads + tx
         if e < batch:
@@ -267,7 +285,7 @@ def find_slot(cu, batch, block, slot, found, threads, fields):
                 found[2] = hi - lo
                 for f, v in enumerate(values):
                     found[3 + f] = v
-    T.sync_threads()
+    sync()
 
 
 def dense(B, Sq, Sk, head_group=None) -> Sequences:
