@@ -326,6 +326,21 @@ def test_kernel_vs_reference(g: G):
     assert not fails, f"[{g.id}]\n  " + "\n  ".join(fails)
 
 
+# Many more dK/dV key tiles than SMs (576 and 540), so that the persistent dK/dV CTAs (d <= 96,
+# ``configs.bwd_config``) walk many tiles each: by ticket, through both K/V buffers, tiles of odd
+# and even step counts, under a window tiles that end early.
+MANY_TILES = [
+    G(1500, 1500, 64, 64, 16, 16, "causal", BF16, batch=3),
+    G(1100, 1473, 96, 96, 12, 4, "win(127,0)", FP16, batch=9, sinks=True, grad="out+lse"),
+]
+
+
+@pytest.mark.parametrize("g", MANY_TILES, ids=[g.id for g in MANY_TILES])
+def test_persistent_backward_over_many_tiles(g: G):
+    fails = check_case(g)
+    assert not fails, f"[{g.id}]\n  " + "\n  ".join(fails)
+
+
 # --------------------------------------------------------------------------------------------
 # determinism, recompilation, dispatch, layouts, empty sequences
 # --------------------------------------------------------------------------------------------
@@ -335,6 +350,7 @@ DETERMINISM = [
     G(333, 517, 128, 128, 8, 2, "causal", BF16, batch=2),  # GQA, causal, odd lengths
     G(255, 255, 128, 128, 4, 1, "win(64,64)", BF16, sinks=True, batch=2),
     G(700, 301, 64, 64, 4, 4, "none", FP16, batch=2),  # Sq > Sk, 11 query blocks per key block
+    MANY_TILES[0],  # the persistent dK/dV kernel without dQ
     # dQ by its own kernel: softcap (hand-written dQ kernel) and d=256 (auto-pipelined)
     G(257, 190, 128, 128, 4, 2, "causal", BF16, softcap=30.0),
     G(200, 333, 256, 256, 2, 2, "none", BF16),

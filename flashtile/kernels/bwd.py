@@ -129,6 +129,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
             dQacc: T.Tensor([B, Sq, H, dim], acc),
             dK: T.Tensor([B, Sk, Hkv, dim], dtype),
             dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
+            Ticket: T.Tensor([1], T.int32),
             score_scale: T.float32,
             sm_scale: T.float32,
             cap_in: T.float32,
@@ -136,7 +137,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
             right: T.int32,
             rows_per_group: T.int32,
         ):
-            kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, None, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqinfo.dense(B, Sq, Sk))
+            kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqinfo.dense(B, Sq, Sk))
 
         return main
 

@@ -74,6 +74,17 @@ def named(**buffers):
     return SimpleNamespace(**buffers)
 
 
+def dense_key_tile(slot, key_blocks, Hkv, batch, rows_per_group):
+    """(key block, kv head, batch entry) of a dense dK/dV grid's ``slot``, in registers: the
+    grid walks ``rows_per_group`` (batch entry, kv head) rows key-block-major at a time
+    (``configs.dkdv_rows_per_group``).  As expressions (divisions by a runtime group size) they
+    are re-derived at every use, and nvcc took 3.6x longer over the kernel at d=64."""
+    block, row = grouped_tile(slot, key_blocks, Hkv * batch, rows_per_group)
+    regs = named(bx=T.alloc_var(T.int32, init=block), hk=T.alloc_var(T.int32, init=row % Hkv),
+                 b=T.alloc_var(T.int32, init=row // Hkv))
+    return regs.bx, regs.hk, regs.b
+
+
 def flip(parity, phase):
     """A barrier's ``parity`` within a tile, turned by ``phase``, the parity its uses by the
     CTA's earlier tiles left (a persistent CTA's register; 0, a Python int, for a CTA of one
@@ -114,8 +125,8 @@ def attention_bwd_dkdv_ws(
 ):
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``.  ``dq_turns``: the two
     consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring).
-    ``persistent`` (packed batches): ``num_sms`` CTAs walk the key tiles (see the module
-    docstring), taking the next tile from the zeroed counter Ticket."""
+    ``persistent``: ``num_sms`` CTAs walk the key tiles (see the module docstring), taking the
+    next tile from the zeroed counter Ticket."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
@@ -124,7 +135,7 @@ def attention_bwd_dkdv_ws(
     turns = with_dq and dq_turns
     # A persistent CTA's dS^T buffer is safe across tiles only with turns (``empty_turn``); the
     # split dQ (d = 128) would need a second K/V buffer that does not fit shared memory anyway.
-    assert not persistent or (varlen and (turns or not with_dq)), "persistent: packed batches, dQ by turns or no dQ"
+    assert not persistent or turns or not with_dq, "persistent: dQ by turns or no dQ"
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.macro
@@ -320,12 +331,7 @@ def attention_bwd_dkdv_ws(
                 # rows_per_group: kv heads of a sequence walked together (``configs.head_group``).
                 bx, hk, b = seqs.tile(cta, block_n, Hkv, total, keys=True, head_group=rows_per_group)
             else:
-                block, row = grouped_tile(cta, key_blocks, Hkv * seqs.batch, rows_per_group)
-                # In registers: as expressions (divisions by a runtime group size) they are
-                # re-derived at every use, and nvcc took 3.6x longer over this kernel at d=64.
-                bx = T.alloc_var(T.int32, init=block)
-                hk = T.alloc_var(T.int32, init=row % Hkv)
-                b = T.alloc_var(T.int32, init=row // Hkv)
+                bx, hk, b = dense_key_tile(cta, key_blocks, Hkv, seqs.batch, rows_per_group)
             # K and V stay for the whole CTA; after the last step they stage dK and dV.
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
@@ -362,11 +368,18 @@ def attention_bwd_dkdv_ws(
     # more tiles), key block, kv head, then the sequence's ``seqinfo.FOUND_FIELDS``.
     n_fields = 3 + len(seqinfo.FOUND_FIELDS)
 
+    def handed_over(seqs, b, tile_s, buf):
+        """The ``Sequence`` of the tile in hand-over slot ``buf`` (batch entry ``b``)."""
+        if not seqs.varlen:
+            return seqs.of(b)
+        return seqs.of_fields(b, [tile_s[buf, 3 + f] for f in range(len(seqinfo.FOUND_FIELDS))])
+
     @T.macro
     def persistent_kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
         groups = H // Hkv
-        extent = seqs.grid(block_n, Hkv, keys=True)[0]
+        key_blocks = T.ceildiv(seqs.max_k, block_n)
+        extent = seqs.grid(block_n, Hkv, keys=True)[0] if seqs.varlen else key_blocks * Hkv * seqs.batch
         grid = T.min(extent, num_sms)
         with T.Kernel(grid, threads=total) as cta:
             # Two K/V buffers: the next tile's K/V load under this tile's steps.
@@ -374,7 +387,7 @@ def attention_bwd_dkdv_ws(
             v_s = T.alloc_shared([2, block_n, dim_v], dtype)
             sm, fr = step_buffers()
             tile_s = T.alloc_shared([2, n_fields], T.int32)  # the hand-over, one per K/V buffer
-            found = seqinfo.found_buffer()  # the loader's search
+            found = seqinfo.found_buffer() if seqs.varlen else None  # the loader's search
             kv_full = T.alloc_barrier(arrive_count=[32, 32])  # the loader warp (+ TMA bytes)
             # Consumers done with K/V (and dK/dV stored from them); the writer has read tile_s.
             kv_empty = T.alloc_barrier(arrive_count=[threads + 1, threads + 1] if with_dq else [threads, threads])
@@ -396,7 +409,10 @@ def attention_bwd_dkdv_ws(
                     slot = T.alloc_var(T.int32, init=cta)
                     ticket = T.alloc_var(T.int32, init=0)
                     while slot < extent:
-                        found_bx, found_hk, found_b = seqs.tile(slot, block_n, Hkv, 32, keys=True, head_group=rows_per_group, found=found, warp=True)
+                        if seqs.varlen:
+                            found_bx, found_hk, found_b = seqs.tile(slot, block_n, Hkv, 32, keys=True, head_group=rows_per_group, found=found, warp=True)
+                        else:
+                            found_bx, found_hk, found_b = dense_key_tile(slot, key_blocks, Hkv, seqs.batch, rows_per_group)
                         if tx == threads:  # ask for the next slot now: its round trip runs under this tile
                             ticket = T.atomic_add(Ticket[0], 1, return_prev=True)
                         if found_bx < seqinfo.DEAD_SLOT:
@@ -406,8 +422,9 @@ def attention_bwd_dkdv_ws(
                                 tile_s[buf, 0] = found_b
                                 tile_s[buf, 1] = found_bx
                                 tile_s[buf, 2] = found_hk
-                                for f in T.unroll(len(seqinfo.FOUND_FIELDS)):
-                                    tile_s[buf, 3 + f] = found[3 + f]
+                                if seqs.varlen:
+                                    for f in T.unroll(len(seqinfo.FOUND_FIELDS)):
+                                        tile_s[buf, 3 + f] = found[3 + f]
                             seq = seqs.of(found_b)
                             mask = TileMask(seq, left, right)
                             n0 = found_bx * block_n
@@ -433,7 +450,7 @@ def attention_bwd_dkdv_ws(
                         b = tile_s[buf, 0]
                         bx = tile_s[buf, 1]
                         hk = tile_s[buf, 2]
-                        seq = seqs.of_fields(b, [tile_s[buf, 3 + f] for f in range(len(seqinfo.FOUND_FIELDS))])
+                        seq = handed_over(seqs, b, tile_s, buf)
                         if tx == writer_lane0:
                             T.barrier_arrive(kv_empty[buf])
                         if b < 0:
@@ -456,7 +473,7 @@ def attention_bwd_dkdv_ws(
                     if b < 0:
                         running = 0
                     else:
-                        seq = seqs.of_fields(b, [tile_s[buf, 3 + f] for f in range(len(seqinfo.FOUND_FIELDS))])
+                        seq = handed_over(seqs, b, tile_s, buf)
                         mask = TileMask(seq, left, right)
                         n0 = bx * block_n
                         qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)

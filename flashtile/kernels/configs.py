@@ -61,7 +61,7 @@ class BwdConfig:
     overlap: bool = False  # S^T and dP^T as async WGMMA, P computed while dP^T runs
     manual_ws: bool = False  # hand-written warp specialisation (kernels/bwd_ws.py), not the builder's
     dq_turns: bool = False  # hand-written only: the consumer warpgroups take turns computing dQ
-    persistent: bool = False  # hand-written, packed only: one CTA per SM walks the key tiles
+    persistent: bool = False  # hand-written only: one CTA per SM walks the key tiles by ticket
 
     def as_kwargs(self) -> dict:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "dq_turns", "persistent")
@@ -191,11 +191,13 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
         # (h100-2026-11-24b/c1, c4): d=64 +7-12% dense (4k full 3.80 -> 3.41 ms), packed +4-10%;
         # d=96 +2-7%; d=128 17% slower (one warpgroup's 64 x 128 dQ turn is twice as long as the
         # split's, and the two-stage ring cannot let the other warpgroup run that far ahead).
-        # Packed batches at d <= 96 (where two K/V buffers fit beside the rings): a persistent
-        # CTA per SM takes key tiles by ticket and loads the next tile's K/V under this one's
-        # steps, instead of a CTA per tile paying the sequence search and K/V load up front.
+        # d <= 96 (where two K/V buffers fit beside the rings): a persistent CTA per SM takes
+        # key tiles by ticket and loads the next tile's K/V under this one's steps, instead of
+        # a CTA per tile paying its launch, (packed) sequence search and K/V load up front.
+        # H100 (h100-2026-11-24c/c1), packed d=64: 64 x 64..1024 causal +8.7%, full +5%, long
+        # batches +1-4%; d=96 +2-5%.
         return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True,
-                         dq_turns=widest <= 96, persistent=varlen and widest <= 96)
+                         dq_turns=widest <= 96, persistent=widest <= 96)
     # d=256: 64 keys, two warpgroups splitting columns: 0.85x cuDNN at 4k (one warpgroup
     # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).
     return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)

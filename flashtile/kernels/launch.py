@@ -14,6 +14,7 @@ q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -183,6 +184,17 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     return prep, main, dq, cfg
 
 
+def _dq_accumulator(shape, device, zeroed: bool):
+    """(dQ's fp32 accumulator, the dK/dV kernel's int32 ticket counter (1,), zero).  Default mode:
+    both from one zero fill (the counter in 16 bytes past the accumulator), so the persistent
+    schedule's counter costs no launch; deterministic mode never touches the accumulator."""
+    if not zeroed:
+        return torch.empty(shape, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int32, device=device)
+    n = math.prod(shape)
+    flat = torch.zeros(n + 4, dtype=torch.float32, device=device)
+    return flat[:n].view(shape), flat[n : n + 1].view(torch.int32)
+
+
 def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic,
                     packed: Optional[Packed] = None):
     """(dq, dk, dv in the input dtype, dsinks (H,) in sinks' dtype or None).
@@ -241,19 +253,16 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     else:
         main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen, num_sms)[3]
         rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, -(-sk // main_cfg.block_n), num_sms)
-    # A packed batch's Ticket (``bwd.dkdv_prim_func``): the persistent schedule's tile counter,
-    # zeroed here (one small fill); other schedules never read it.
     seq_args = packed.tensors() if varlen else ()
-    dkdv_seq_args = (*seq_args, torch.zeros(1, dtype=torch.int32, device=q.device)) if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
     tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)
+    dq_acc, ticket = _dq_accumulator(lead(q).shape, q.device, zeroed=not deterministic)
+    # Ticket follows dV (dense) or the packed sequence tensors (``bwd.dkdv_prim_func``).
+    ticket_at = (*seq_args, ticket) if varlen else (ticket,)
+    dkdv(*tensors, dq_acc, lead(dk), lead(dv), *ticket_at, *scalars, rows, *max_args)
     if deterministic:
-        dq_acc = torch.empty(*lead(q).shape, dtype=torch.float32, device=q.device)  # not touched
-        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *dkdv_seq_args, *scalars, rows, *max_args)
         dq_kernel(*tensors, lead(dq), *seq_args, *scalars, *max_args)
     else:
-        dq_acc = torch.zeros(*lead(q).shape, dtype=torch.float32, device=q.device)
-        dkdv(*tensors, dq_acc, lead(dk), lead(dv), *dkdv_seq_args, *scalars, rows, *max_args)
         lead(dq).copy_(dq_acc)  # postprocess: fp32 accumulator -> input dtype
 
     dsinks = None
