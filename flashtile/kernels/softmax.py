@@ -63,7 +63,12 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
         for i in T.Parallel(block_m):
             # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
             m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
-            alpha[i] = T.exp2(m_prev[i] * score_scale - m_safe[i])
+            # Exactly 1 when the max did not move: as an FMA (m_prev * scale unrounded minus
+            # the rounded m_safe) the exponent is a rounding residual, not 0, and a row's l
+            # then depended on how many blocks it visited: the two overlapping first tiles of
+            # a bottom-aligned grid (``masks.query_tile``) wrote lse values 1 ulp apart, in
+            # either order (NOTES, tenth session).
+            alpha[i] = T.if_then_else(m_prev[i] == m[i], 1.0, T.exp2(m_prev[i] * score_scale - m_safe[i]))
             if shifted:  # once per row, so each weight below stays one FFMA (finish recomputes m_safe)
                 m_safe[i] = m_safe[i] - p_offset
         for i, j in T.Parallel(block_m, block_n):
