@@ -45,6 +45,21 @@ its warpgroup arrives on the next step's ``ds_full``, which the other waits for 
 reuses the buffer.  The turn sits at the end of the step on purpose: issuing it a step later
 (under the next step's exp2, or behind its dV) measured 4-15% slower at d=64 (NOTES, ninth
 session, outcomes 2 and 4).
+
+Persistent schedule (``persistent``, d <= 96 where two K/V buffers fit beside the rings):
+``num_sms`` CTAs walk the key tiles.  A CTA's first tile is its own index, later ones come from a
+ticket counter (one atomic, zeroed per call with the dQ accumulator), taken once the current
+tile's last loads are issued, so tiles go to whichever CTA is about to be free, in the one-tile
+grid's order.  The loader warp decodes the next tile (a packed batch's sequence search runs on
+that warp alone), waits for the K/V buffer the tile before last used, loads K and V into it
+and writes (batch entry, key block, kv head, the sequence's offsets) into a small hand-over
+buffer beside it; the consumers and the dQ writer read the hand-over after the K/V buffer's
+full barrier and release both through its empty barrier once done (the consumers after storing
+dK/dV from it).  A batch entry of -1 ends the walk.  The rings' barrier parities run on across
+tiles (``phase``, ``dq_phase``, ``flip``); a tile with an odd step count ends with an empty turn
+on ring stage 1 (``empty_turn``) so every tile starts on stage 0.  What it saves is each tile's
+launch, sequence search and K/V load latency: +8.7% on 64 packed sequences of 64..1024 tokens
+(d=64 causal), +4-5% on dense 1k sequences (NOTES, tenth session).
 """
 
 from types import SimpleNamespace
