@@ -27,7 +27,7 @@ import tilelang
 import tilelang.language as T
 
 from . import seqinfo
-from .masks import TileMask, block_fully_visible, pipelined_trips, query_block_range, query_tile, visible
+from .masks import TileMask, block_fully_visible, in_sequence, pipelined_trips, query_block_range, query_tile, visible
 from .target import PASS_CONFIGS, TARGET
 
 
@@ -53,10 +53,11 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
     softcap's factor 1 - tanh^2.
     ``stat_offset`` (optional, last) is where this tile's queries start in ``lse`` / ``delta``:
     the hand-written kernel keeps both ring stages in one flat buffer.
-    ``keep_visible(p, interior, m0, n0, mask, key_tail=False)``: zero P where the key is not
+    ``keep_visible(p, interior, m0, n0, mask, tail=False)``: zero P where the key is not
     visible to the query; ``interior`` (the caller's test for a tile that needs no mask) skips
-    it, except that with ``key_tail`` (a runtime test) an interior tile still zeroes the keys
-    past the sequence's end, key by key (``key_tail_tests``).
+    it, except that with ``tail`` (a runtime test) an interior tile still zeroes the keys past
+    the sequence's end and, where rows are checked, the query rows past it, with one compare
+    each instead of the mask (``key_tail_tests``).
     """
 
     @T.macro
@@ -78,33 +79,40 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
                 ds[i, j] = p[i, j] * (dp[i, j] - delta[stat_offset + (j if queries_on_cols else i)]) * sm_scale
 
     @T.macro
-    def keep_visible(p, interior, m0, n0, mask, key_tail=False):
+    def keep_visible(p, interior, m0, n0, mask, tail=False):
         if not interior:
             for i, j in T.Parallel(rows, cols):
                 q, k = (j, i) if queries_on_cols else (i, j)
                 p[i, j] = T.if_then_else(visible(m0 + q, n0 + k, mask), p[i, j], 0)
-        elif key_tail:
+        elif tail:
             for i, j in T.Parallel(rows, cols):
-                k = i if queries_on_cols else j
-                p[i, j] = T.if_then_else(n0 + k < mask.seq.len_k, p[i, j], 0)
+                q, k = (j, i) if queries_on_cols else (i, j)
+                p[i, j] = T.if_then_else(in_sequence(m0 + q, n0 + k, mask.seq), p[i, j], 0)
 
     return probabilities, score_grad, keep_visible
 
 
 def key_tail_tests(m0, n0, block_m, block_n, last_col, mask):
-    """(interior, key_tail) of a dK/dV kernel's step over query rows [m0, m0 + block_m) and the
+    """(interior, tail) of a dK/dV kernel's step over query rows [m0, m0 + block_m) and the
     key block at n0 (``last_col``: its last key of the sequence, ``query_block_range``).
 
-    interior: every query row of the step belongs to the sequence (packed rows past it are the
-    next sequence's, dense ones padding) and sees every key of the block up to ``last_col``.
-    key_tail: the block runs past the sequence's keys.  Such a block's extra rows must not
-    reach dQ: in a packed batch they are the next sequence's keys; in a dense batch they are
-    TMA's zero fill (harmless for ordinary scores, and zeroed all the same, so that both layouts
-    follow one rule).  An interior step zeroes them with one select per key row instead of the
-    elementwise mask (packed batches' tail blocks took ~10% of the d=64 backward's stall
-    samples in the full mask)."""
-    interior = T.And(m0 + block_m <= mask.seq.len_q, block_fully_visible(m0 + block_m - 1, n0, last_col, m0, mask))
-    return interior, n0 + block_n > mask.seq.len_k
+    interior: every query row of the step that belongs to the sequence sees every key of the
+    block up to ``last_col``.  tail: the block runs past the sequence's keys, or (packed
+    batches) the step past its query rows.  A block's extra key rows must not reach dQ: in a
+    packed batch they are the next sequence's keys; in a dense batch TMA's zero fill (harmless
+    for ordinary scores, and zeroed all the same, so that both layouts follow one rule).  A
+    packed step's extra query rows are the next sequence's and must not reach dK/dV; a dense
+    step's are zero rows of Q and dO, which add nothing.  An interior step zeroes them with
+    one compare per element (``masks.in_sequence``) instead of the causal/window mask: packed
+    tail blocks took ~10% of the d=64 backward's stall samples in the full mask (ninth
+    session), and every packed sequence whose length is not a multiple of 64 ends in a
+    query-tail step (tenth session)."""
+    seq = mask.seq
+    interior = block_fully_visible(T.min(m0 + block_m, seq.len_q) - 1, n0, last_col, m0, mask)
+    tail = n0 + block_n > seq.len_k
+    if seq.rows_checked:
+        tail = T.Or(tail, m0 + block_m > seq.len_q)
+    return interior, tail
 
 
 def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
@@ -318,8 +326,8 @@ def attention_bwd_dkdv(
                 else:
                     T.gemm(k_s, q_s, sT, transpose_B=True, clear_accum=True, policy=policy)
                 probabilities(sT, capT, lse_s, score_scale, cap_in)
-                interior, key_tail = key_tail_tests(m0, n0, block_m, block_n, last_col, mask)
-                keep_visible(sT, interior, m0, n0, mask, key_tail)
+                interior, tail = key_tail_tests(m0, n0, block_m, block_n, last_col, mask)
+                keep_visible(sT, interior, m0, n0, mask, tail)
                 if overlap:
                     T.wait_wgmma(0)
                 else:

@@ -40,6 +40,13 @@ def visible(row, col, mask):
     return T.And(seen, row < seq.len_q) if seq.rows_checked else seen
 
 
+def in_sequence(row, col, seq):
+    """Key ``col`` lies inside the sequence and, where packed rows are checked
+    (``Sequence.rows_checked``), so does query ``row``: the mask of an interior tile's tails."""
+    inside = col < seq.len_k
+    return T.And(inside, row < seq.len_q) if seq.rows_checked else inside
+
+
 def block_fully_visible(last_row, col_lo, col_hi, m0, mask):
     """Every key in [col_lo, col_hi] is visible to every query row in [m0, last_row].
 
