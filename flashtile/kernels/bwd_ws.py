@@ -335,13 +335,6 @@ def attention_bwd_dkdv_ws(
             dq_empty=T.alloc_barrier(arrive_count=1),
         )
 
-    def tile_steps(seq, n0, hk, groups, left, right):
-        """(mask, walk, last_col) of the key tile at ``n0`` of kv head ``hk``: its mask and the
-        (query head, query block) steps that can see it (``query_block_range``)."""
-        mask = TileMask(seq, left, right)
-        qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
-        return mask, KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m), last_col
-
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
         H, Hkv = Q.shape[2], K.shape[2]
@@ -364,7 +357,9 @@ def attention_bwd_dkdv_ws(
             tx = T.get_thread_binding()
             n0 = bx * block_n
             seq = seqs.of(b)
-            mask, walk, last_col = tile_steps(seq, n0, hk, H // Hkv, left, right)
+            mask = TileMask(seq, left, right)
+            qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
+            walk = KeyTileWalk(hk, H // Hkv, qb_lo, n_qblocks, block_m)
 
             T.tma_copy(seq.k_rows(K, n0, block_n, hk), k_s, barrier=bar_kv)
             T.tma_copy(seq.k_rows(V, n0, block_n, hk), v_s, barrier=bar_kv)
@@ -385,14 +380,10 @@ def attention_bwd_dkdv_ws(
                 store_tile(fr.dk, fr.dv, k_s, v_s, dK, dV, seq, n0, hk)
 
     # What the loader hands the other roles per tile (``tile_s``): batch entry (-1: no more
-<<<<<<< Updated upstream
     # tiles), key block, kv head, then the sequence's ``seqinfo.FOUND_FIELDS``.  (Each role
     # derives the tile's mask and steps in its own body: in the kernel body an assignment binds
     # the expression once, while a plain helper's returned expressions are re-derived at every
     # use; folded into one helper, the generated CUDA doubled, 49 -> 97 KB.)
-=======
-    # tiles), key block, kv head, then the sequence's ``seqinfo.FOUND_FIELDS``.
->>>>>>> Stashed changes
     n_fields = 3 + len(seqinfo.FOUND_FIELDS)
 
     def handed_over(seqs, b, tile_s, buf):
@@ -452,8 +443,10 @@ def attention_bwd_dkdv_ws(
                                     for f in T.unroll(len(seqinfo.FOUND_FIELDS)):
                                         tile_s[buf, 3 + f] = found[3 + f]
                             seq = seqs.of(found_b)
+                            mask = TileMask(seq, left, right)
                             n0 = found_bx * block_n
-                            _, walk, _ = tile_steps(seq, n0, found_hk, groups, left, right)
+                            qb_lo, n_qblocks, _ = query_block_range(n0, block_n, block_m, mask)
+                            walk = KeyTileWalk(found_hk, groups, qb_lo, n_qblocks, block_m)
                             T.tma_copy(seq.k_rows(K, n0, block_n, found_hk), k_s[buf, :, :], barrier=kv_full[buf])
                             T.tma_copy(seq.k_rows(V, n0, block_n, found_hk), v_s[buf, :, :], barrier=kv_full[buf])
                             T.barrier_arrive(kv_full[buf])
@@ -485,7 +478,9 @@ def attention_bwd_dkdv_ws(
                         if b < 0:
                             running = 0
                         else:
-                            _, walk, _ = tile_steps(seq, bx * block_n, hk, groups, left, right)
+                            mask = TileMask(seq, left, right)
+                            qb_lo, n_qblocks, _ = query_block_range(bx * block_n, block_n, block_m, mask)
+                            walk = KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m)
                             write_steps(dQacc, sm, bars, seq, walk, dq_phase)
                             dq_phase = dq_phase ^ (walk.n_steps & 1)
                             tiles = tiles + 1
@@ -501,8 +496,10 @@ def attention_bwd_dkdv_ws(
                         running = 0
                     else:
                         seq = handed_over(seqs, b, tile_s, buf)
+                        mask = TileMask(seq, left, right)
                         n0 = bx * block_n
-                        mask, walk, last_col = tile_steps(seq, n0, hk, groups, left, right)
+                        qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
+                        walk = KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m)
                         T.clear(fr.dk)
                         T.clear(fr.dv)
                         compute_steps(k_s[buf, :, :], v_s[buf, :, :], sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase)
