@@ -1,6 +1,11 @@
-"""Is the forward's lse reproducible around a deterministic backward?  (Tenth session: a
-deterministic-mode rerun of a B=3, S=1500, H=16, d=64 causal batch returned an lse that
-differed from the first run's while out was bitwise equal.)"""
+"""Is the forward's lse bitwise reproducible, alone and around a backward?  (Tenth session: a
+deterministic-mode rerun of a B=3, S=1500, H=16, d=64 causal batch returned an lse 1 ulp off
+the first run's while out was bitwise equal: the overlapping first tiles of the bottom-aligned
+192-row grid stored lse values computed with a rescale that was not exactly 1.  Fixed in
+``softmax.online_softmax``; this probe prints "lse equal True" everywhere since.)
+
+    python3 benchmarks/lse_probe.py     # on the device
+"""
 import torch
 
 from flashtile import flash_attn_func
