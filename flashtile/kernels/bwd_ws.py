@@ -69,7 +69,7 @@ import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
 from . import seqinfo
-from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, score_gradients
+from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients
 from .masks import TileMask, block_fully_visible, query_block_range, query_tile
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import grouped_tile
@@ -109,26 +109,16 @@ def flip(parity, phase):
 
 class KeyTileWalk:
     """The steps of one dK/dV tile: every (query head of kv head ``hk``'s GQA group, query
-    block) pair that can see it, heads outer."""
+    block) pair that can see it, heads outer (``bwd.query_step``)."""
 
     def __init__(self, hk, groups, qb_lo, n_qblocks, block_m):
         self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m = hk, groups, qb_lo, n_qblocks, block_m
         self.n_steps = groups * n_qblocks
         self.n_pairs = T.ceildiv(self.n_steps, 2)  # two steps per trip: ring stages stay constants
 
-    def at(self, head, block):
-        """(query head, first query row) of the step at a cursor: query head ``head`` of the
-        GQA group, query block ``block`` of the tile's range (heads outer, as
-        ``bwd.query_step``).  The walking macros keep the cursor in registers and move it with
-        ``next_head`` / ``next_block``: deriving it from the step index divided by the runtime
-        block count cost ~20 instructions (with MUFU.RCP) per step in every role."""
-        return self.hk * self.groups + head, (self.qb_lo + block) * self.block_m
-
-    def next_head(self, head, block):
-        return head + T.if_then_else(block + 1 == self.n_qblocks, 1, 0)
-
-    def next_block(self, block):
-        return T.if_then_else(block + 1 == self.n_qblocks, 0, block + 1)
+    def step(self, t):
+        """(query head, first query row) of step ``t``."""
+        return query_step(t, self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m)
 
 
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
@@ -202,15 +192,11 @@ def attention_bwd_dkdv_ws(
     @T.macro
     def load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase):
         """The loader warp: each step's Q + lse and dO + Delta by TMA into the two-stage rings."""
-        head = T.alloc_var(T.int32, init=0)  # the step cursor (``KeyTileWalk.at``)
-        block = T.alloc_var(T.int32, init=0)
         for i in T.serial(walk.n_pairs):
             for st in T.unroll(2):
                 t = i * 2 + st
                 if t < walk.n_steps:
-                    h, m0 = walk.at(head, block)
-                    head = walk.next_head(head, block)
-                    block = walk.next_block(block)
+                    h, m0 = walk.step(t)
                     T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
                     T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
                     T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
@@ -223,15 +209,11 @@ def attention_bwd_dkdv_ws(
     @T.macro
     def write_steps(dQacc, sm, bars, seq, walk, dq_phase):
         """The dQ writer warp: each step's dQ tile reduce-added into the fp32 accumulator."""
-        head = T.alloc_var(T.int32, init=0)  # the step cursor (``KeyTileWalk.at``)
-        block = T.alloc_var(T.int32, init=0)
         for i in T.serial(walk.n_pairs):
             for st in T.unroll(2):
                 t = i * 2 + st
                 if t < walk.n_steps:
-                    h, m0 = walk.at(head, block)
-                    head = walk.next_head(head, block)
-                    block = walk.next_block(block)
+                    h, m0 = walk.step(t)
                     T.barrier_wait(bars.dq_full, flip(st, dq_phase))  # one use per step: parity = t & 1
                     # Issued and waited for (TMA has read dq_s) by the warp's first lane.
                     # Rows past a packed sequence's end add exact zeros (masked P).
@@ -243,13 +225,11 @@ def attention_bwd_dkdv_ws(
     def compute_steps(k_t, v_t, sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase):
         """The two consumer warpgroups (64 keys each): every step of the tile (module docstring)."""
         tx = T.get_thread_binding()
-        block = T.alloc_var(T.int32, init=0)  # the step's query block (``KeyTileWalk.at``)
         for i in T.serial(walk.n_pairs):
             for st in T.unroll(2):
                 t = i * 2 + st
                 if t < walk.n_steps:
-                    _, m0 = walk.at(0, block)
-                    block = walk.next_block(block)
+                    h, m0 = walk.step(t)
                     T.barrier_wait(bars.q_full[st], flip(i & 1, phase))
                     T.wgmma_gemm(k_t, sm.q_s[st, :, :], fr.sT, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                     T.barrier_wait(bars.do_full[st], flip(i & 1, phase))
