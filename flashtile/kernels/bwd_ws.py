@@ -386,6 +386,11 @@ def attention_bwd_dkdv_ws(
     # use; folded into one helper, the generated CUDA doubled, 49 -> 97 KB.)
     n_fields = 3 + len(seqinfo.FOUND_FIELDS)
 
+    def handed_tile(tile_s, buf):
+        """(batch entry, key block, kv head) in hand-over slot ``buf`` (shared-memory reads,
+        assigned to the reading role's registers)."""
+        return tile_s[buf, 0], tile_s[buf, 1], tile_s[buf, 2]
+
     def handed_over(seqs, b, tile_s, buf):
         """The ``Sequence`` of the tile in hand-over slot ``buf`` (batch entry ``b``)."""
         if not seqs.varlen:
@@ -470,9 +475,7 @@ def attention_bwd_dkdv_ws(
                     while running == 1:
                         buf = tiles % 2
                         T.barrier_wait(kv_full[buf], (tiles // 2) & 1)
-                        b = tile_s[buf, 0]
-                        bx = tile_s[buf, 1]
-                        hk = tile_s[buf, 2]
+                        b, bx, hk = handed_tile(tile_s, buf)
                         seq = handed_over(seqs, b, tile_s, buf)
                         T.barrier_arrive(kv_empty[buf])
                         if b < 0:
@@ -489,9 +492,7 @@ def attention_bwd_dkdv_ws(
                 while running == 1:
                     buf = tiles % 2
                     T.barrier_wait(kv_full[buf], (tiles // 2) & 1)
-                    b = tile_s[buf, 0]
-                    bx = tile_s[buf, 1]
-                    hk = tile_s[buf, 2]
+                    b, bx, hk = handed_tile(tile_s, buf)
                     if b < 0:
                         running = 0
                     else:

@@ -175,7 +175,7 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse, varlen=varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
     cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap, varlen)
-    extra = {"num_sms": num_sms} if getattr(cfg, "persistent", False) else {}
+    extra = {"num_sms": num_sms} if cfg.persistent else {}
     main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static, **extra)
     dq = None
     if deterministic:

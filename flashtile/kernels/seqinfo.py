@@ -158,13 +158,11 @@ class Sequences:
         # After ``tile``, the search already loaded them into shared memory, saving the CTA a
         # dependent global round trip before its first load (``b`` is then tile's entry: the
         # name a kernel binds it to is a new variable, so no check can tell).
-        fields = self.found_fields() if self._found is not None else [f[b] for f in self._fields()]
+        if self._found is not None:
+            fields = [self._found[3 + i] for i in range(len(FOUND_FIELDS))]
+        else:
+            fields = [f[b] for f in self._fields()]
         return self.of_fields(b, fields, check_rows)
-
-    def found_fields(self):
-        """The ``FOUND_FIELDS`` values of the sequence the last ``tile`` found (shared-memory
-        reads): a persistent kernel's loader hands them to the other roles."""
-        return [self._found[3 + i] for i in range(len(FOUND_FIELDS))]
 
     def of_fields(self, b, fields, check_rows: bool = True) -> Sequence:
         """``of`` for packed batch entry ``b`` whose ``FOUND_FIELDS`` values are ``fields``
