@@ -8,6 +8,8 @@ Batches (lengths drawn with a fixed seed): 16 sequences of 128..4096 tokens, 64 
 d = 128), causal and full, forward and backward.  Every batch is timed for:
 
     flashtile-varlen   flash_attn_varlen_func on the packed tokens
+    flashtile-packed   the same with the packed kernels forced, on batches of equal lengths only
+                       (which flashtile-varlen runs with the dense kernels); n/a elsewhere
     flashtile-padded   flash_attn_func on the batch right-padded to its longest sequence
     flashtile-equal    flash_attn_func on batch x (total // batch) tokens: the same work spread evenly
     sdpa-nested        PyTorch SDPA on nested jagged tensors, cuDNN / flash backends
@@ -41,7 +43,8 @@ from .flops import attention_flops
 from .interface import flash_attn_func
 from .varlen import flash_attn_varlen_func
 
-BACKENDS = ("flashtile-varlen", "flashtile-padded", "flashtile-equal", "sdpa-nested", "loop", "flash-attn")
+BACKENDS = ("flashtile-varlen", "flashtile-packed", "flashtile-padded", "flashtile-equal", "sdpa-nested", "loop",
+            "flash-attn")
 GPU_HEADDIMS = (64, 128)
 GPU_MODES = ("fwd", "bwd")
 CPU_HEADDIMS = (16,)
@@ -134,6 +137,29 @@ def _varlen(case, p: Packed, device, dtype):
     return bench.Runner(fwd, [p.q, p.k, p.v], p.dout)
 
 
+class NotApplicable(Exception):
+    """The backend measures nothing new on this batch (reported as 'n/a')."""
+
+
+def _packed_kernels(case, p: Packed, device, dtype):
+    from . import kernels
+
+    if len(set(case.batch.lengths)) > 1 or device != "cuda":
+        raise NotApplicable("lengths differ: flashtile-varlen runs the packed kernels")
+
+    @contextlib.contextmanager
+    def forced():
+        kernels.EQUAL_AS_DENSE = False
+        try:
+            yield
+        finally:
+            kernels.EQUAL_AS_DENSE = True
+
+    runner = _varlen(case, p, device, dtype)
+    runner.context = forced
+    return runner
+
+
 def _padded(case, p: Packed, device, dtype):
     q, k, v, dout = _dense(case, device, dtype, len(case.batch.lengths), p.max_len)
     return bench.Runner(lambda: flash_attn_func(q, k, v, causal=case.causal), [q, k, v], dout, f"padded to {p.max_len}")
@@ -187,6 +213,7 @@ def _flash_attn(case, p: Packed, device, dtype):
 
 FACTORIES: dict[str, Callable] = {
     "flashtile-varlen": _varlen,
+    "flashtile-packed": _packed_kernels,
     "flashtile-padded": _padded,
     "flashtile-equal": _equal,
     "sdpa-nested": _nested,
@@ -247,7 +274,7 @@ def sweep(cases, modes, backends, device, dtype, timer, check=True, log=print, t
                     warnings.simplefilter("ignore")
                     out = runner.fwd()
                     grads = torch.autograd.grad(out, runner.leaves, runner.dout) if need_bwd else None
-                    if check and backend == "flashtile-varlen":
+                    if check and backend in ("flashtile-varlen", "flashtile-packed"):
                         bad = check_varlen(case, p, out, grads, dtype)
                         if bad:
                             fail("mismatch", bad)
@@ -256,7 +283,7 @@ def sweep(cases, modes, backends, device, dtype, timer, check=True, log=print, t
                         ms = timer(bench._timed_fn(runner, mode), runner.leaves)
                         row.ms, row.tflops, row.note = ms, _flops(case, backend, mode) / (ms * 1e-3) / 1e12, runner.note
             except Exception as e:  # noqa: BLE001 - reported as one word, as in flashtile bench
-                status, detail = bench.classify(e)
+                status, detail = ("n/a", str(e)) if isinstance(e, NotApplicable) else bench.classify(e)
                 if "no viable backend" in detail.lower():  # SDPA on nested tensors: e.g. CPU and causal
                     status = "unsupported"
                 fail(status, detail)

@@ -121,9 +121,10 @@ def _cu(lengths) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=I32, device="cuda")
 
 
-def make_batch(g: V):
-    """q, k, v, sinks, dout, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k (fresh randn)."""
-    pairs = random_lengths(g.seed, g.batch)
+def make_batch(g: V, pairs=None):
+    """q, k, v, sinks, dout, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k (fresh randn);
+    ``pairs``: the (len_q, len_k) of each sequence, else ``random_lengths``."""
+    pairs = random_lengths(g.seed, g.batch) if pairs is None else pairs
     lq, lk = [a for a, _ in pairs], [b for _, b in pairs]
     q = torch.randn(sum(lq), g.h, g.d, device="cuda", dtype=g.dtype)
     k = torch.randn(sum(lk), g.hkv, g.d, device="cuda", dtype=g.dtype)
@@ -212,9 +213,9 @@ def unused_failures(got, cu_q, cu_k, uq, uk) -> list[str]:
     return fails
 
 
-def check(g: V, deterministic=False):
+def check(g: V, deterministic=False, pairs=None):
     causal, window = MASKS[g.mask]
-    q, k, v, sinks, dout, cu_q, cu_k, uq, uk, mq, mk = make_batch(g)
+    q, k, v, sinks, dout, cu_q, cu_k, uq, uk, mq, mk = make_batch(g, pairs)
     dout = None if g.grad == "lse" else dout
     dlse = None
     if "lse" in g.grad:
@@ -254,6 +255,30 @@ def test_deterministic_backward_is_bitwise_reproducible(g: V):
         for name, a, b in zip(NAMES, first, again):
             if a is not None:
                 assert torch.equal(a, b), f"[{g.id}] {name} differs between run 0 and run {run} (deterministic=True)"
+
+
+# Equal lengths: the dense kernels on views (``kernels.equal_lengths``), Sq != Sk, odd sizes.
+EQUAL = [
+    (V(30, 128, 128, 8, 2, "causal", BF16, batch=3, sinks=True, grad="out+lse"), [(129, 257)] * 3),
+    (V(31, 64, 64, 4, 4, "win(64,64)", BF16, batch=5), [(200, 77)] * 5),
+]
+
+
+@pytest.mark.parametrize("g,pairs", EQUAL, ids=[g.id for g, _ in EQUAL])
+@pytest.mark.parametrize("as_dense", [True, False], ids=["dense-kernels", "packed-kernels"])
+def test_equal_length_batch(g: V, pairs, as_dense, monkeypatch):
+    """A batch of equal lengths runs the dense kernels (or, switched off, the packed ones);
+    both within the rule, and the dense route really taken."""
+    from flashtile.kernels import launch
+
+    monkeypatch.setattr("flashtile.kernels.EQUAL_AS_DENSE", as_dense)
+    ranks = []  # q's rank at each launch: 4 = the dense kernels, 3 = the packed ones
+    for name, q_at in (("launch_forward", 0), ("launch_backward", 2)):
+        real = getattr(launch, name)
+        monkeypatch.setattr(launch, name, lambda *a, _real=real, _at=q_at: ranks.append(a[_at].dim()) or _real(*a))
+    fails, _ = check(g, pairs=pairs)
+    assert not fails, f"[{g.id} {'dense' if as_dense else 'packed'} kernels]\n  " + "\n  ".join(fails)
+    assert ranks == [4 if as_dense else 3] * 2, f"q ranks at the forward and backward launches: {ranks}"
 
 
 def test_new_lengths_never_recompile():

@@ -529,3 +529,26 @@ def test_compile_dynamic_new_totals_batches_and_max_seqlen_do_not_recompile():
             got = compiled(*args)
         torch.testing.assert_close(got, fn(*args), atol=1e-6, rtol=0)
         got.sum().backward()
+
+
+@pytest.mark.parametrize(
+    "totals,batch,max_seqlens,seqused,want",
+    [
+        ((3 * 129, 3 * 257), 3, (129, 257), False, (3, 129, 257)),  # every sequence max long
+        ((1, 1), 1, (1, 1), False, (1, 1, 1)),
+        ((3 * 129 - 1, 3 * 257), 3, (129, 257), False, None),  # one query short
+        ((3 * 129, 3 * 257 - 5), 3, (129, 257), False, None),  # keys differ
+        ((3 * 129, 3 * 257), 3, (130, 257), False, None),  # max_seqlen above every length
+        ((3 * 129, 3 * 257), 3, (129, 257), True, None),  # seqused: rows left out, packed kernels
+        ((0, 0), 0, (0, 0), False, None),  # no sequence
+        ((0, 0), 2, (0, 0), False, None),  # empty sequences
+    ],
+)
+def test_equal_length_batches_take_the_dense_kernels(totals, batch, max_seqlens, seqused, want):
+    """``kernels.equal_lengths``: the packed batches the dense kernels run (host ints only)."""
+    from flashtile.kernels import equal_lengths
+
+    cu = torch.zeros(batch + 1, dtype=torch.int32)
+    used = torch.zeros(batch, dtype=torch.int32) if seqused else None
+    assert equal_lengths(*totals, cu, used, None, *max_seqlens) == want
+    assert equal_lengths(*totals, cu, None, used, *max_seqlens) == want

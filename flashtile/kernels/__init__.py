@@ -118,10 +118,46 @@ def _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, m
     return Packed(cu_q, cu_k, lens_q, lens_k, int(max_seqlen_q), int(max_seqlen_k), seqused_q is None, seqused_k is None)
 
 
+# A packed batch whose sequences all have the same lengths runs the dense kernels on views of the
+# packed tensors (``equal_lengths``).  ``flashtile bench --varlen``'s flashtile-packed turns it
+# off to time the packed kernels themselves on such a batch.
+EQUAL_AS_DENSE = True
+
+
+def equal_lengths(total_q, total_k, cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+    """(batch, Sq, Sk) when every sequence of a packed batch has ``max_seqlen_q`` queries and
+    ``max_seqlen_k`` keys, else None; host ints only, no device sync.
+
+    Offsets that start at 0, end at the row count and bound every length by ``max_seqlen`` (the
+    API's contract, checked on CPU tensors and under the debug switch) sum to batch x max_seqlen
+    only when every length equals it.  The packed (total, H, D) tensors are then the dense
+    (batch, max_seqlen, H, D) batch, and the dense kernels run it: the same masks (each
+    sequence's own bottom-right alignment) and no per-tile sequence search, and the forward's
+    persistent schedule, which a packed grid cannot use without its block counts on the host.
+    ``seqused`` leaves rows out, so it always takes the packed kernels."""
+    if not EQUAL_AS_DENSE or seqused_q is not None or seqused_k is not None:
+        return None
+    batch, sq, sk = cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k)
+    if batch <= 0 or sq <= 0 or sk <= 0 or total_q != batch * sq or total_k != batch * sk:
+        return None
+    return batch, sq, sk
+
+
+def _dense_lse(lse, batch: int):
+    """A packed lse (H, total) as the dense (batch, H, S) of an equal-length batch (a view)."""
+    return None if lse is None else lse.unflatten(1, (batch, -1)).transpose(0, 1)
+
+
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                    sinks, softmax_scale, window, softcap, fp8=None):
     """(out (total_q, H, Dv), lse (H, total_q) float32) on CUDA for a packed batch (``fp8`` as
     in ``forward``)."""
+    equal = equal_lengths(q.shape[0], k.shape[0], cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    if equal is not None:
+        b, sq, sk = equal
+        out, lse = forward(q.unflatten(0, (b, sq)), k.unflatten(0, (b, sk)), v.unflatten(0, (b, sk)), sinks,
+                           softmax_scale, window, softcap, fp8=fp8)
+        return out.flatten(0, 1), lse.transpose(0, 1).flatten(1)
     packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     return forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
 
@@ -129,5 +165,14 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, ma
 def varlen_backward(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                     max_seqlen_q, max_seqlen_k, sinks, softmax_scale, window, softcap, deterministic):
     """(dq, dk, dv, dsinks or None) on CUDA for a packed batch."""
+    equal = equal_lengths(q.shape[0], k.shape[0], cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    if equal is not None:
+        b, sq, sk = equal
+        dq, dk, dv, dsinks = backward(
+            dout.unflatten(0, (b, sq)), _dense_lse(dlse, b), q.unflatten(0, (b, sq)), k.unflatten(0, (b, sk)),
+            v.unflatten(0, (b, sk)), out.unflatten(0, (b, sq)), _dense_lse(lse, b), sinks, softmax_scale, window,
+            softcap, deterministic,
+        )
+        return dq.flatten(0, 1), dk.flatten(0, 1), dv.flatten(0, 1), dsinks
     packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     return backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed)
