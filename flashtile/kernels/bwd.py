@@ -56,8 +56,9 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
     ``keep_visible(p, interior, m0, n0, mask, tail=False)``: zero P where the key is not
     visible to the query; ``interior`` (the caller's test for a tile that needs no mask) skips
     it, except that with ``tail`` (a runtime test) an interior tile still zeroes the keys past
-    the sequence's end and, where rows are checked, the query rows past it, with one compare
-    each instead of the mask (``key_tail_tests``).
+    the sequence's end, with one compare each instead of the mask (``key_tail_tests``).  No
+    test of the query row: rows past a packed sequence's end read LSE2 = +inf from the
+    statistics padding (``seqinfo.stat_start``), so their P is 0 already.
     """
 
     @T.macro
@@ -86,8 +87,8 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
                 p[i, j] = T.if_then_else(visible(m0 + q, n0 + k, mask), p[i, j], 0)
         elif tail:
             for i, j in T.Parallel(rows, cols):
-                q, k = (j, i) if queries_on_cols else (i, j)
-                p[i, j] = T.if_then_else(in_sequence(m0 + q, n0 + k, mask.seq), p[i, j], 0)
+                k = i if queries_on_cols else j
+                p[i, j] = T.if_then_else(in_sequence(n0 + k, mask.seq), p[i, j], 0)
 
     return probabilities, score_grad, keep_visible
 
@@ -97,22 +98,19 @@ def key_tail_tests(m0, n0, block_m, block_n, last_col, mask):
     key block at n0 (``last_col``: its last key of the sequence, ``query_block_range``).
 
     interior: every query row of the step that belongs to the sequence sees every key of the
-    block up to ``last_col``.  tail: the block runs past the sequence's keys, or (packed
-    batches) the step past its query rows.  A block's extra key rows must not reach dQ: in a
-    packed batch they are the next sequence's keys; in a dense batch TMA's zero fill (harmless
-    for ordinary scores, and zeroed all the same, so that both layouts follow one rule).  A
-    packed step's extra query rows are the next sequence's and must not reach dK/dV; a dense
-    step's are zero rows of Q and dO, which add nothing.  An interior step zeroes them with
-    one compare per element (``masks.in_sequence``) instead of the causal/window mask: packed
-    tail blocks took ~10% of the d=64 backward's stall samples in the full mask (ninth
-    session), and every packed sequence whose length is not a multiple of 64 ends in a
-    query-tail step (tenth session)."""
+    block up to ``last_col``.  tail: the block runs past the sequence's keys.  A block's extra
+    key rows must not reach dQ: in a packed batch they are the next sequence's keys; in a
+    dense batch TMA's zero fill (harmless for ordinary scores, and zeroed all the same, so that
+    both layouts follow one rule).  An interior step zeroes them with one compare per element
+    (``masks.in_sequence``) instead of the causal/window mask.  A step's query rows past the
+    sequence's end need nothing: a dense step's are zero rows of Q and dO, a packed step's
+    read LSE2 = +inf from the statistics padding (``seqinfo.stat_start``), so P = 0 there.
+    Before that padding, the packed backward tested every row against the sequence's end;
+    the H200 profile of 64 sequences of 64..1024 tokens (NOTES, eleventh session) put those
+    masks at a quarter of the d=64 dK/dV kernel's warp samples."""
     seq = mask.seq
     interior = block_fully_visible(T.min(m0 + block_m, seq.len_q) - 1, n0, last_col, m0, mask)
-    tail = n0 + block_n > seq.len_k
-    if seq.rows_checked:
-        tail = T.Or(tail, m0 + block_m > seq.len_q)
-    return interior, tail
+    return interior, n0 + block_n > seq.len_k
 
 
 def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):

@@ -27,7 +27,7 @@ def attention_bwd_preprocess(dim_v: int, dtype: str, has_dlse: bool, varlen: boo
     zero-filled, so they contribute nothing).  Packed: O, dO (1, Tq, H, Dv), LSE, dLSE
     (1, H, Tq), Delta, LSE2 (1, H, Tqp) (``seqinfo.stat_rows``), then CuQ (batch + 1,),
     LenQ (batch,) and max_q; the kernel writes each sequence's used rows only, the caller
-    zero-fills the buffers (gaps and unused rows: Delta = 0, LSE2 = 0).
+    fills the buffers (gaps and unused rows: Delta = 0, LSE2 = +inf, ``seqinfo.stat_start``).
     """
     acc = T.float32
     cols = 32 if dim_v % 32 == 0 else 16

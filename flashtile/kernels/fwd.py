@@ -61,10 +61,9 @@ def attention_fwd_kernel(
             o_s = T.alloc_shared([block_m, dim_v], ops.out_dtype)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
 
-            # No row test in the masks: a packed tile's rows past its sequence's end (the next
-            # sequence's queries) get their own softmax rows and are never stored; with the
-            # test, the d=64 packed forward spilled registers (NOTES, seventh session).
-            seq = seqs.of(b, check_rows=False)
+            # A packed tile's rows past its sequence's end (the next sequence's queries) get
+            # their own softmax rows and are never stored (``masks``: no row test).
+            seq = seqs.of(b)
             mask = TileMask(seq, left, right)
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask, bottom_aligned=block_m != block_n)  # as fwd_ws's
             hk = h // (H // Hkv)

@@ -175,10 +175,9 @@ def fwd_ws_prim_func(
 
             tx = T.get_thread_binding()
             wg = tx // 128  # consumer warpgroup
-            # No row test in the masks: a packed tile's rows past its sequence's end (the next
-            # sequence's queries) get their own softmax rows and are never stored; with the
-            # test, the d=64 packed forward spilled registers (NOTES, seventh session).
-            seq = seqs.of(b, check_rows=False)
+            # A packed tile's rows past its sequence's end (the next sequence's queries) get
+            # their own softmax rows and are never stored (``masks``: no row test).
+            seq = seqs.of(b)
             mask = TileMask(seq, left, right)
             m0, kb_lo, n_blocks, last_row = query_tile(bx, block_m, block_n, mask, bottom_aligned=bottom_aligned)
             score_scale, cap_in, out_scale = tile_scales(ops, Sinks, H, Hkv, seqs.batch, seq.batch, h // (H // Hkv), score_scale, cap_in, has_softcap)

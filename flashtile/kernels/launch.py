@@ -175,6 +175,9 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse, varlen=varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
     cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap, varlen)
+    # A packed step's rows past its sequence get P = 0 from the statistics padding only if
+    # the padding covers the whole query block (``seqinfo.STAT_PAD``).
+    assert cfg.block_m <= seqinfo.STAT_PAD, f"backward query block {cfg.block_m} > seqinfo.STAT_PAD"
     extra = {"num_sms": num_sms} if cfg.persistent else {}
     main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static, **extra)
     dq = None
@@ -236,8 +239,9 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
                                              num_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
-    if varlen:  # each sequence's statistics start 16-byte aligned (seqinfo.stat_start); gaps hold 0
-        delta, lse2 = torch.zeros(2, 1, h, seqinfo.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
+    if varlen:  # each sequence's statistics start 16-byte aligned, padding after (seqinfo.stat_start)
+        delta = torch.zeros(1, h, seqinfo.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
+        lse2 = torch.full_like(delta, float("inf"))  # padding: P = exp2(s - inf) = 0
         prep(lead(out), lead(dout), lead(lse), dlse_arg, delta, lse2, packed.cu_q, packed.lens_q, packed.max_q)
     else:
         delta = torch.empty(b, h, (sq + 3) // 4 * 4, dtype=torch.float32, device=q.device)  # rows 16-byte aligned

@@ -4,9 +4,9 @@ One mask covers every kind: with ``off = len_k - len_q`` of the tile's sequence
 (``seqinfo.Sequence``), row i sees key j when ``i + off - left <= j <= i + off + right`` and
 ``j < len_k`` (and ``j >= key_lo`` where a KV cache has left padding).  The host passes ``UNBOUNDED`` for a side the user left at -1 and ``right = 0``
 for causal, so full, causal, sliding-window and causal+window attention are the same kernel
-with different runtime numbers.  In a packed (varlen) batch rows past ``len_q`` hold the next
-sequence's queries, so the backward checks the row too (``Sequence.rows_checked``; the forward
-computes those rows and never stores them).
+with different runtime numbers.  No mask tests the query row: in a packed (varlen) batch rows
+past ``len_q`` hold the next sequence's queries, which the forward computes and never stores,
+and which the backward's statistics padding (LSE2 = +inf, ``seqinfo.stat_start``) gives P = 0.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def host_window(window: tuple[int, int]) -> tuple[int, int]:
 
 class TileMask:
     """A tile's mask, built once per tile and read-only: its sequence (``seqinfo.Sequence``:
-    lengths, ``off``, whether rows need checking) and the kernel window bounds."""
+    lengths, ``off``) and the kernel window bounds."""
 
     def __init__(self, seq, left, right):
         self.seq, self.left, self.right = seq, left, right
@@ -35,16 +35,12 @@ def visible(row, col, mask):
     """Key ``col`` is visible to query ``row`` (indices within the tile's sequence)."""
     seq, left, right = mask.seq, mask.left, mask.right
     seen = T.And(T.And(col < seq.len_k, col <= row + seq.off + right), col >= row + seq.off - left)
-    if seq.key_lo is not None:
-        seen = T.And(seen, col >= seq.key_lo)
-    return T.And(seen, row < seq.len_q) if seq.rows_checked else seen
+    return seen if seq.key_lo is None else T.And(seen, col >= seq.key_lo)
 
 
-def in_sequence(row, col, seq):
-    """Key ``col`` lies inside the sequence and, where packed rows are checked
-    (``Sequence.rows_checked``), so does query ``row``: the mask of an interior tile's tails."""
-    inside = col < seq.len_k
-    return T.And(inside, row < seq.len_q) if seq.rows_checked else inside
+def in_sequence(col, seq):
+    """Key ``col`` lies inside the sequence: the mask of an interior tile's key tail."""
+    return col < seq.len_k
 
 
 def block_fully_visible(last_row, col_lo, col_hi, m0, mask):

@@ -11,7 +11,8 @@ role), so dense and packed (variable-length) batches are one kernel family:
   1); batch entry b starts at row ``cu_seqlens[b]`` and is ``seqlens[b]`` rows long (the user's
   ``seqused`` or the difference of ``cu_seqlens``).  The two numbers are loaded once per tile
   into registers.  A tile that runs past its sequence reads the next sequence's rows, which the
-  masks hide (``rows_checked``), and never writes them: stores go through ``store_q_tile`` /
+  key masks and the backward's statistics padding hide (``stat_start``), and never writes them:
+  stores go through ``store_q_tile`` /
   ``store_k_tile``, which store a tile whose rows are all its sequence's by TMA, as dense, and
   guard each row of a sequence's tail tile against its length.
 
@@ -34,8 +35,8 @@ class Sequence:
     """Batch entry ``b`` of a tile, built once per tile and read-only.
 
     ``len_q`` / ``len_k``: its query and key lengths; ``off = len_k - len_q`` aligns masks
-    bottom-right; ``varlen`` tells the masks whether rows past ``len_q`` may hold another
-    sequence's data (they must then be masked explicitly, ``rows_checked``).
+    bottom-right; ``varlen``: packed, so rows past ``len_q`` / ``len_k`` may hold another
+    sequence's data (``masks`` hides the keys, ``stat_start``'s padding the queries).
     """
 
     def __init__(self, varlen: bool, b, len_q, len_k, q0=0, k0=0, s0=None, key_lo=None, off=None, v0=0):
@@ -51,9 +52,6 @@ class Sequence:
         # First column of the sequence in an FP8 forward's V^T (``operands``: 16-aligned).
         self.v0 = v0
         self.off = len_k - len_q if off is None else off  # a caller may hold it in a register
-        # Packed rows past len_q are the next sequence's: the backward must mask them (they
-        # would add to this sequence's dK/dV); the forward need not (``Sequences.of``).
-        self.rows_checked = varlen
         # First visible key (a KV cache's left padding), or None: every key from 0.
         self.key_lo = key_lo
 
@@ -148,11 +146,10 @@ class Sequences:
         """The per-sequence arrays in ``FOUND_FIELDS`` order."""
         return self._cu_q, self._cu_k, self._lens_q, self._lens_k
 
-    def of(self, b, check_rows: bool = True) -> Sequence:
+    def of(self, b) -> Sequence:
         """The ``Sequence`` of batch entry ``b``; call inside the kernel (varlen allocates
         registers for the loaded offsets).  In a packed kernel that called ``tile``, ``b`` must be
-        the entry ``tile`` returned.  ``check_rows=False``: the masks need not test a
-        packed tile's query rows against the sequence's end (``Sequence.rows_checked``)."""
+        the entry ``tile`` returned."""
         if not self.varlen:
             return Sequence(False, b, self.max_q, self.max_k)
         # After ``tile``, the search already loaded them into shared memory, saving the CTA a
@@ -162,34 +159,40 @@ class Sequences:
             fields = [self._found[3 + i] for i in range(len(FOUND_FIELDS))]
         else:
             fields = [f[b] for f in self._fields()]
-        return self.of_fields(b, fields, check_rows)
+        return self.of_fields(b, fields)
 
-    def of_fields(self, b, fields, check_rows: bool = True) -> Sequence:
+    def of_fields(self, b, fields) -> Sequence:
         """``of`` for packed batch entry ``b`` whose ``FOUND_FIELDS`` values are ``fields``
         (expressions, e.g. a persistent kernel's per-tile hand-over in shared memory)."""
         # Registers, not expressions: a load expression would be re-issued at every use.
         q0, k0, len_q, len_k = (T.alloc_var(T.int32, init=f)[0] for f in fields)
         s0 = T.alloc_var(T.int32, init=stat_start(q0, b))[0] if self._stats else None
         v0 = v_column_start(k0, b, self._v_group) if self._v_group else 0
-        seq = Sequence(True, b, len_q, len_k, q0, k0, s0, v0=v0)
-        seq.rows_checked = check_rows
-        return seq
+        return Sequence(True, b, len_q, len_k, q0, k0, s0, v0=v0)
+
+
+# Every packed sequence's statistics are followed by at least this many padding entries
+# (Delta = 0, LSE2 = +inf): a backward step's query block (at most STAT_PAD rows) that runs past
+# its sequence's end reads them, and its extra rows get P = exp2(s - inf) = 0 without a mask.
+STAT_PAD = 128
 
 
 def stat_start(q0, b):
     """Entry where packed sequence ``b`` (first query row ``q0``) starts in the backward's
-    per-row statistics (LSE2, Delta): the first multiple of 4 at or past q0, plus ``4 * b``.
-    TMA loads them with the row innermost, whose start must be 16-byte aligned; the gaps keep
-    sequences apart and hold Delta = LSE2 = 0 (``launch.launch_backward``).  Ints, torch
-    tensors or TileLang expressions: the preprocess kernel writes and the main kernels read
-    through this one formula."""
-    return (q0 + 3) // 4 * 4 + 4 * b
+    per-row statistics (LSE2, Delta): the first multiple of 4 at or past q0, plus
+    ``(STAT_PAD + 4) * b``.  TMA loads them with the row innermost, whose start must be 16-byte
+    aligned; the gaps (at least STAT_PAD entries past each sequence's rows, 4 more make up the
+    rounding) hold Delta = 0 and LSE2 = +inf (``launch.launch_backward`` fills them), so the
+    rows a query block reads past its sequence's end, the next sequence's queries, add nothing
+    to this sequence's dK/dV.  Ints, torch tensors or TileLang expressions: the preprocess
+    kernel writes and the main kernels read through this one formula."""
+    return (q0 + 3) // 4 * 4 + (STAT_PAD + 4) * b
 
 
 def stat_rows(total_q: int, batch: int) -> int:
-    """Length of a packed batch's statistics rows: past the last ``stat_start`` plus its rows,
-    rounded to 4 (host ints)."""
-    return (total_q + 4 * (batch + 2) + 3) // 4 * 4
+    """Length of a packed batch's statistics rows: past the last ``stat_start``, its rows and
+    their padding, rounded to 4 (host ints)."""
+    return (total_q + (STAT_PAD + 4) * (batch + 1) + 3) // 4 * 4
 
 
 def v_column_start(k0, b, group: int):
