@@ -107,6 +107,11 @@ def flash_attn_varlen_func(
     Checks that read the contents of ``cu_seqlens_*`` / ``seqused_*`` (start at 0,
     nondecreasing, totals, ``max_seqlen``) run on CPU tensors always, and on CUDA only with
     the environment variable ``FLASHTILE_CHECK_SEQLENS=1`` (they cost a device sync).
+
+    On CUDA a batch whose sequences all have ``max_seqlen_q`` queries and ``max_seqlen_k`` keys
+    (``total == batch * max_seqlen`` on both sides, no ``seqused``: known from host ints under
+    the contract above) runs the dense kernels on a (batch, max_seqlen, ...) view: same
+    results, dense speed (``kernels.equal_lengths``).
     """
     V.reject_unsupported(FN, dropout_p, alibi_slopes)
     V.check_flags(FN, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,

@@ -125,3 +125,22 @@ def test_packed_head_groups_start_every_longest_tile_first():
 
     order = [slot_tile(i, 4, 0, 3, 2) for i in range(12)]  # 4 heads, 3 blocks, groups of 2
     assert order == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 2), (2, 3)], order
+
+
+@pytest.mark.parametrize(
+    "lens", [[1], [0, 0, 5], [127, 129, 1, 0, 256, 255], [64] * 9, [1000, 3, 77, 0, 513], [3] * 40, [0], [300]]
+)
+def test_packed_statistics_padding_covers_every_query_block(lens):
+    """``seqinfo.stat_start``: each sequence's statistics start 4-aligned, and the ``STAT_PAD``
+    entries after its rows (what a query block of up to STAT_PAD rows reads past the sequence's
+    end: Delta 0, LSE2 +inf) belong to no other sequence and lie inside ``stat_rows``."""
+    from flashtile.kernels.seqinfo import STAT_PAD, stat_rows, stat_start
+
+    cu = [0, *itertools.accumulate(lens)]
+    starts = [stat_start(cu[b], b) for b in range(len(lens))]
+    rows = stat_rows(cu[-1], len(lens))
+    assert all(s % 4 == 0 for s in starts) and rows % 4 == 0, f"starts {starts}, rows {rows}: not 16-byte aligned"
+    for b, (s, n) in enumerate(zip(starts, lens)):
+        end = s + n + STAT_PAD  # one past the last entry a query block may read
+        nxt = starts[b + 1] if b + 1 < len(lens) else rows
+        assert end <= nxt, f"lens {lens}: sequence {b}'s padding [{s + n}, {end}) reaches {nxt}"
