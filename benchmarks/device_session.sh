@@ -17,6 +17,13 @@ export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
 jobs=$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/summary.txt"
 bash benchmarks/kernel_cache.sh unpack | tee -a "$out/summary.txt"
+# Clocks, temperature and throttle reasons every 5 s (smi.log; summarised at the end): a
+# thermally throttled H100 (0x20, 585-1365 MHz) once made a whole benchmark meaningless (NOTES,
+# eleventh session).
+smi="nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active --format=csv,noheader"
+(while true; do $smi >> "$out/smi.log"; sleep 5; done) &
+smi_pid=$!
+trap 'kill $smi_pid 2>/dev/null' EXIT
 
 t0=$(date +%s)
 # What the GPU suite and the benchmarks run (dense, packed, decode): all hits when the kernel
@@ -58,6 +65,9 @@ if [ -n "${SANITIZE_CASES:-}" ]; then
   CASES="$SANITIZE_CASES" TOOLS="memcheck racecheck" bash benchmarks/sanitize.sh "$out/sanitize" > "$out/sanitize.log" 2>&1
   cat "$out/sanitize/summary.txt" | tee -a "$out/summary.txt"
 fi
+kill $smi_pid 2>/dev/null
+echo "gpu: max $(awk -F, '{print $4}' "$out/smi.log" | sort -n | tail -n 1) C; throttle reasons (samples):" \
+  $(awk -F, '{print $6}' "$out/smi.log" | sort | uniq -c | tr -s ' ') | tee -a "$out/summary.txt"
 grep -E "FAILED|ERROR|passed|failed" "$out/gpu_tests.log" | tail -n 15
 tail -n 40 "$out/bench.log"
 cat "$out/summary.txt"
