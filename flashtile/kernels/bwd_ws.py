@@ -190,13 +190,12 @@ def attention_bwd_dkdv_ws(
         T.barrier_arrive(bars.dq_full)
 
     @T.macro
-    def load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase, first, last):
-        """The loader warp: Q + lse and dO + Delta of steps [first, last) of the tile by TMA
-        into the two-stage rings (two calls let the caller act between them)."""
-        for i in T.serial(first // 2, T.ceildiv(last, 2)):
+    def load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase):
+        """The loader warp: each step's Q + lse and dO + Delta by TMA into the two-stage rings."""
+        for i in T.serial(walk.n_pairs):
             for st in T.unroll(2):
                 t = i * 2 + st
-                if T.And(first <= t, t < last):
+                if t < walk.n_steps:
                     h, m0 = walk.step(t)
                     T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
                     T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
@@ -369,7 +368,7 @@ def attention_bwd_dkdv_ws(
             if tx >= threads:
                 T.set_max_nreg(24, 0)
                 if tx < loader_end:
-                    load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, 0, 0, walk.n_steps)
+                    load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, 0)
                 elif with_dq and tx < writer_end:
                     write_steps(dQacc, sm, bars, seq, walk, 0)
             else:
@@ -456,20 +455,15 @@ def attention_bwd_dkdv_ws(
                             T.tma_copy(seq.k_rows(K, n0, block_n, found_hk), k_s[buf, :, :], barrier=kv_full[buf])
                             T.tma_copy(seq.k_rows(V, n0, block_n, found_hk), v_s[buf, :, :], barrier=kv_full[buf])
                             T.barrier_arrive(kv_full[buf])
-                            # The next slot is asked for just before the tile's last step's loads
-                            # (the consumers are then three steps from its end), so the atomic's
-                            # round trip overlaps the wait for that step's ring stage.  Asked for
-                            # at the tile's start, a CTA on a long causal tile held on to the next
-                            # one a whole tile early, and 16k causal ran 2-3% slower.
-                            last = T.max(walk.n_steps - 1, 0)
-                            load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase, 0, last)
-                            if tx == threads:
-                                ticket = T.atomic_add(Ticket[0], 1, return_prev=True)
-                            load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase, last, walk.n_steps)
+                            load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase)
                             empty_turn(bars, walk, phase, True)
                             phase = phase ^ (walk.n_pairs & 1)
                             tiles = tiles + 1
-                        elif tx == threads:  # a slot without a tile: the next one at once
+                        # The next slot, asked for once this tile's last loads are issued (the
+                        # consumers are then two steps from its end): asked for at the tile's
+                        # start, a CTA on a long causal tile held on to the next one a whole
+                        # tile early, and 16k causal ran 2-3% slower.
+                        if tx == threads:
                             ticket = T.atomic_add(Ticket[0], 1, return_prev=True)
                         slot = T.shfl_sync(ticket, 0) + grid
                     buf = tiles % 2  # no more tiles: say so
