@@ -12,9 +12,9 @@ role), so dense and packed (variable-length) batches are one kernel family:
   ``seqused`` or the difference of ``cu_seqlens``).  The two numbers are loaded once per tile
   into registers.  A tile that runs past its sequence reads the next sequence's rows, which the
   key masks and the backward's statistics padding hide (``stat_start``), and never writes them:
-  stores go through ``store_q_tile`` /
-  ``store_k_tile``, which store a tile whose rows are all its sequence's by TMA, as dense, and
-  guard each row of a sequence's tail tile against its length.
+  stores go through ``store_q_tile`` / ``store_k_tile``, which store a tile whose rows are all
+  its sequence's by TMA, as dense, and guard each row of a sequence's tail tile against its
+  length.
 
 ``Sequences`` is the grid-level view (``grid``: launch extents; ``tile``: which batch entry,
 head and block a CTA stands for); ``Sequences.of(b)`` builds the per-tile ``Sequence``.  Both
