@@ -142,16 +142,17 @@ def rows():
         o, _ = _Floor.apply(qg, kg, vg)
         torch.autograd.grad(o, (qg, kg, vg), dout)
 
-    # varlen: 2 sequences of 64 tokens
+    # varlen: 2 sequences of 48 and 80 tokens (unequal: equal lengths take the dense kernels,
+    # ``kernels.equal_lengths``)
     tq = torch.randn(s, h, d, dtype=bf)
     tk, tv = torch.randn(s, h, d, dtype=bf), torch.randn(s, h, d, dtype=bf)
     tqg, tkg, tvg = (x.clone().requires_grad_() for x in (tq, tk, tv))
-    cu = torch.tensor([0, 64, 128], dtype=torch.int32)
-    _VARLEN_MAX.update(q=64, k=64)
+    cu = torch.tensor([0, 48, 128], dtype=torch.int32)
+    _VARLEN_MAX.update(q=80, k=80)
     tdout = torch.randn_like(tq)
 
     def varlen_fwd_bwd():
-        o = flashtile.flash_attn_varlen_func(tqg, tkg, tvg, cu, cu, 64, 64)
+        o = flashtile.flash_attn_varlen_func(tqg, tkg, tvg, cu, cu, 80, 80)
         torch.autograd.grad(o, (tqg, tkg, tvg), tdout)
 
     # decode: B=1, one token, 32/8 heads, d=128, a 1k-key cache (as launch_overhead.py)
@@ -171,8 +172,8 @@ def rows():
         ("fwd+bwd: floor, empty autograd.Function + grad", floor_fwd_bwd),
         ("fwd+bwd: kernels.backward", lambda: K.backward(dout, None, q, k, v, out, lse, None, scale, (-1, -1), 0.0, False)),
         ("fwd+bwd: flash_attn_func + backward", fwd_bwd),
-        ("varlen: kernels.varlen_forward", lambda: K.varlen_forward(tq, tk, tv, cu, cu, None, None, 64, 64, None, scale, (-1, -1), 0.0)),
-        ("varlen: flash_attn_varlen_func, no grad", lambda: flashtile.flash_attn_varlen_func(tq, tk, tv, cu, cu, 64, 64)),
+        ("varlen: kernels.varlen_forward", lambda: K.varlen_forward(tq, tk, tv, cu, cu, None, None, 80, 80, None, scale, (-1, -1), 0.0)),
+        ("varlen: flash_attn_varlen_func, no grad", lambda: flashtile.flash_attn_varlen_func(tq, tk, tv, cu, cu, 80, 80)),
         ("varlen: flash_attn_varlen_func + backward", varlen_fwd_bwd),
         ("decode: launch_decode", lambda: launch_decode(qd, kc, vc, lens, None, None, None, None, 0.088, (-1, 0), 0.0)),
         ("decode: flash_attn_with_kvcache, no new tokens", lambda: flashtile.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True)),
