@@ -49,6 +49,7 @@ def test_tiny_cpu_run_writes_json_and_markdown(tmp_path, capsys):
     status = {(r["backend"], r["causal"], r["mode"]): r["status"] for r in rows}
     for backend in ("flashtile-varlen", "flashtile-padded", "flashtile-equal", "loop"):
         assert all(status[(backend, c, m)] == "ok" for c in (True, False) for m in ("fwd", "bwd")), backend
+    assert all(status[("flashtile-packed", c, m)] == "n/a" for c in (True, False) for m in ("fwd", "bwd"))
     assert status[("flash-attn", True, "fwd")] == "unsupported" or "flash_attn" in str(rows)
     assert status[("sdpa-nested", False, "fwd")] in ("ok", "unsupported")
     assert status[("sdpa-nested", True, "fwd")] == "unsupported"  # CPU: no nested causal backend
@@ -67,3 +68,19 @@ def test_mismatch_is_reported_and_not_timed(monkeypatch, tmp_path):
     rows = json.loads(out_json.read_text())["rows"]
     mine = [r for r in rows if r["backend"] == "flashtile-varlen"]
     assert mine and all(r["status"] == "mismatch" and r["ms"] is None for r in mine)
+
+
+def test_packed_column_forces_the_packed_kernels_on_equal_batches_only():
+    """flashtile-packed: n/a where lengths differ; on an equal batch it runs flash_attn_varlen_func
+    with ``kernels.EQUAL_AS_DENSE`` off for its timing only."""
+    from flashtile import kernels
+
+    equal = bench_varlen.Case(bench_varlen.Batch("2 x 8", (8, 8)), 8, 2, True)
+    ragged = bench_varlen.Case(bench_varlen.Batch("2 x 5..8", (5, 8)), 8, 2, True)
+    with pytest.raises(bench_varlen.NotApplicable):
+        bench_varlen._packed_kernels(ragged, bench_varlen.Packed(ragged, "cpu", torch.float32), "cuda", torch.float32)
+    runner = bench_varlen._packed_kernels(equal, bench_varlen.Packed(equal, "cpu", torch.float32), "cuda", torch.float32)
+    with runner.context():
+        assert kernels.EQUAL_AS_DENSE is False
+        out = runner.fwd()
+    assert kernels.EQUAL_AS_DENSE is True and out.shape == (16, 2, 8)
