@@ -143,6 +143,11 @@ def equal_lengths(total_q, total_k, cu_seqlens_q, seqused_q, seqused_k, max_seql
     return batch, sq, sk
 
 
+def _dense_rows(x, batch: int):
+    """Packed rows (total, H, D) as the dense (batch, S, H, D) of an equal-length batch (a view)."""
+    return x.unflatten(0, (batch, -1))
+
+
 def _dense_lse(lse, batch: int):
     """A packed lse (H, total) as the dense (batch, H, S) of an equal-length batch (a view)."""
     return None if lse is None else lse.unflatten(1, (batch, -1)).transpose(0, 1)
@@ -154,9 +159,8 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, ma
     in ``forward``)."""
     equal = equal_lengths(q.shape[0], k.shape[0], cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     if equal is not None:
-        b, sq, sk = equal
-        out, lse = forward(q.unflatten(0, (b, sq)), k.unflatten(0, (b, sk)), v.unflatten(0, (b, sk)), sinks,
-                           softmax_scale, window, softcap, fp8=fp8)
+        b = equal[0]
+        out, lse = forward(*(_dense_rows(x, b) for x in (q, k, v)), sinks, softmax_scale, window, softcap, fp8=fp8)
         return out.flatten(0, 1), lse.transpose(0, 1).flatten(1)
     packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     return forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
@@ -167,12 +171,10 @@ def varlen_backward(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, s
     """(dq, dk, dv, dsinks or None) on CUDA for a packed batch."""
     equal = equal_lengths(q.shape[0], k.shape[0], cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     if equal is not None:
-        b, sq, sk = equal
-        dq, dk, dv, dsinks = backward(
-            dout.unflatten(0, (b, sq)), _dense_lse(dlse, b), q.unflatten(0, (b, sq)), k.unflatten(0, (b, sk)),
-            v.unflatten(0, (b, sk)), out.unflatten(0, (b, sq)), _dense_lse(lse, b), sinks, softmax_scale, window,
-            softcap, deterministic,
-        )
+        b = equal[0]
+        q, k, v, out, dout = (_dense_rows(x, b) for x in (q, k, v, out, dout))
+        dq, dk, dv, dsinks = backward(dout, _dense_lse(dlse, b), q, k, v, out, _dense_lse(lse, b), sinks,
+                                      softmax_scale, window, softcap, deterministic)
         return dq.flatten(0, 1), dk.flatten(0, 1), dv.flatten(0, 1), dsinks
     packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     return backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed)
