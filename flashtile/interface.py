@@ -104,8 +104,11 @@ def fp8_options(q, q_descale, k_descale, v_descale, out_dtype) -> tuple:
 
 
 def normalize_window(causal: bool, window_size) -> tuple[int, int]:
-    """Fold ``causal`` into the window: causal is ``right = 0`` (flash-attn's convention)."""
-    left, right = (int(w) for w in window_size)
+    """Fold ``causal`` into the window: causal is ``right = 0`` (flash-attn's convention).
+    The window as Python ints (numpy or symbolic ints are converted)."""
+    left, right = window_size
+    if type(left) is not int or type(right) is not int:
+        left, right = int(left), int(right)
     if causal:
         right = 0
     return left, right

@@ -31,6 +31,7 @@ from torch import Tensor
 from . import ops, reference
 from .fp8 import DTYPE as FP8
 from .fp8 import saturate
+from .interface import normalize_window
 from .validation import check_descales, check_scale, check_sinks, check_softcap, check_window, describe, fail, is_int
 
 FN = "flash_attn_with_kvcache"
@@ -274,10 +275,14 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tabl
     if k_cache.dtype == FP8:
         k = saturate(k.float() / k_descale[:, None, :, None])
         v = saturate(v.float() / v_descale[:, None, :, None])
-    pos = cache_seqlens.long()[:, None] + torch.arange(snew, device=k.device)
+    # (b, snew) positions; one new token (plain decoding) needs no arange and no add.  Index
+    # tensors broadcast, so the rows stay (b, 1): fewer tensor ops, each host time per step.
+    pos = cache_seqlens.long()[:, None]
+    if snew != 1:
+        pos = pos + torch.arange(snew, device=k.device)
     if block_table is None:
         rows = torch.arange(b, device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
-        index = (rows[:, None].expand(b, snew), pos)
+        index = (rows[:, None], pos)
     else:
         page = k_cache.shape[1]
         index = (block_table.long().gather(1, pos // page), pos % page)
@@ -285,15 +290,28 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tabl
     v_cache.index_put_(index, v)
 
 
+def _launch_decode():
+    """``kernels.decode.launch_decode``, imported on first use (it imports TileLang; a CPU-only
+    user never does), then looked up on the module each call (so monkeypatching still works)
+    without an import statement's cost."""
+    global _DECODE
+    if _DECODE is None:
+        from .kernels import decode
+
+        _DECODE = decode
+    return _DECODE.launch_decode
+
+
+_DECODE = None
+
+
 def _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks, softmax_scale,
             window_left, window_right, softcap, num_splits, k_descale, v_descale):
     window = (window_left, window_right)
-    if q.device.type == "cuda":
-        from .kernels.decode import launch_decode
-
-        out, lse = launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
-                                 sinks, softmax_scale, window, softcap, num_splits, k_descale, v_descale)
-    elif q.device.type == "cpu":
+    if q.is_cuda:
+        out, lse = _launch_decode()(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
+                                    sinks, softmax_scale, window, softcap, num_splits, k_descale, v_descale)
+    elif q.is_cpu:
         out, lse = reference.kvcache_attention(q, k_cache, v_cache, seqlens_k, softmax_scale, window, sinks, softcap,
                                                cache_batch_idx, cache_leftpad, block_table, k_descale, v_descale)
     else:
@@ -435,9 +453,7 @@ def flash_attn_with_kvcache(
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    left, right = (int(w) for w in window_size)
-    if causal:
-        right = 0
+    left, right = normalize_window(causal, window_size)
     snew = 0 if k is None else k.shape[1]
     # Plain eager (nothing traced, no autograd to record): the implementations directly, without
     # the custom ops' dispatch (tens of microseconds of Python per call); traced: the ops.

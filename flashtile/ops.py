@@ -36,10 +36,17 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
 
 
 def _kernels():
-    # Imported lazily: a CPU-only user never pays for importing TileLang.
-    from . import kernels
+    # Imported lazily: a CPU-only user never pays for importing TileLang.  Kept after the first
+    # call: an import statement costs about a microsecond of host time on every call.
+    global _KERNELS
+    if _KERNELS is None:
+        from . import kernels
 
-    return kernels
+        _KERNELS = kernels
+    return _KERNELS
+
+
+_KERNELS = None
 
 
 def _no_device(device: torch.device):
@@ -66,23 +73,27 @@ def _fp8_no_backward():
     )
 
 
+# The implementations branch on ``is_cuda`` / ``is_cpu``: flags read without making a
+# ``torch.device`` and its type string (``q.device.type``), a few tenths of a microsecond each.
+
+
 def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
               q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     window = (window_left, window_right)
     if q.dtype == FP8_DTYPE:
-        if q.device.type == "cuda":
+        if q.is_cuda:
             out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, window, softcap,
                                           fp8=(q_descale, k_descale, v_descale, out_dtype))
             return _fresh(out), _fresh(lse)
-        if q.device.type != "cpu":
+        if not q.is_cpu:
             raise _no_device(q.device)
         with torch.no_grad():
             qf, kf, vf = _fp8_reference(q, k, v, q_descale, k_descale, v_descale)
             out, lse = reference.attention_forward(qf, kf, vf, softmax_scale, window, sinks, softcap)
         return out.to(out_dtype or torch.bfloat16).contiguous(), _fresh(lse)
-    if q.device.type == "cuda":
+    if q.is_cuda:
         out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, window, softcap)
-    elif q.device.type == "cpu":
+    elif q.is_cpu:
         with torch.no_grad():
             out, lse = reference.attention_forward(q, k, v, softmax_scale, window, sinks, softcap)
     else:
@@ -95,11 +106,11 @@ def _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, 
     window = (window_left, window_right)
     if q.dtype == FP8_DTYPE:
         raise _fp8_no_backward()
-    if q.device.type == "cuda":
+    if q.is_cuda:
         dq, dk, dv, dsinks = _kernels().backward(
             dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic
         )
-    elif q.device.type == "cpu":
+    elif q.is_cpu:
         with torch.no_grad():
             dq, dk, dv, dsinks = reference.attention_backward(
                 dout, q, k, v, out, lse, softmax_scale, window, sinks, softcap, dlse
@@ -355,7 +366,10 @@ def _plain_eager(*tensors) -> bool:
         return False
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return False
-    return all(t is None or type(t) in _PLAIN for t in tensors)
+    for t in tensors:  # a loop, not all(generator): the generator costs more than the tests
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return True
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -365,7 +379,18 @@ _FAST_DEVICES = ("cpu", "cuda")  # others (meta, ...) go through the op and its 
 def fast_eager(device: torch.device, *tensors) -> bool:
     """The implementations may be called directly: ``device`` is one they run on and the call
     is plain eager (``_plain_eager``)."""
-    return device.type in _FAST_DEVICES and _plain_eager(*tensors)
+    # Plain eager first: while tracing it is False at once, and the device memo is not touched.
+    return _plain_eager(*tensors) and _fast_device(device)
+
+
+def _fast_device(device: torch.device) -> bool:
+    fast = _FAST_DEVICE.get(device)
+    if fast is None:  # once per device: ``device.type`` makes a string on every call
+        fast = _FAST_DEVICE[device] = device.type in _FAST_DEVICES
+    return fast
+
+
+_FAST_DEVICE: dict = {}
 
 
 def eager_route(device: torch.device, *tensors) -> str:

@@ -259,13 +259,13 @@ def _window(o: Options) -> tuple[int, int]:
 
 def _fwd_impl(q, k, v, o: Options):
     if q.dtype == V.FP8_DTYPE:
-        if q.device.type == "cuda":
+        if q.is_cuda:
             out, lse = _kernel("varlen_forward")(
                 q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k, o.max_seqlen_q, o.max_seqlen_k,
                 o.sinks, o.softmax_scale, _window(o), o.softcap, fp8=(o.q_descale, o.k_descale, o.v_descale, o.out_dtype),
             )
             return out.contiguous(), lse.contiguous()
-        if q.device.type != "cpu":
+        if not q.is_cpu:
             raise ops._no_device(q.device)
         with torch.no_grad():
             qf, kf, vf = ops._fp8_reference(q, k, v, o.q_descale, o.k_descale, o.v_descale, o.cu_seqlens_q, o.cu_seqlens_k)
@@ -274,12 +274,12 @@ def _fwd_impl(q, k, v, o: Options):
                 o.seqused_q, o.seqused_k,
             )
         return out.to(o.out_dtype or torch.bfloat16).contiguous(), lse.contiguous()
-    if q.device.type == "cuda":
+    if q.is_cuda:
         out, lse = _kernel("varlen_forward")(
             q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k, o.max_seqlen_q, o.max_seqlen_k,
             o.sinks, o.softmax_scale, _window(o), o.softcap,
         )
-    elif q.device.type == "cpu":
+    elif q.is_cpu:
         with torch.no_grad():
             out, lse = reference.varlen_attention_forward(
                 q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.softmax_scale, _window(o), o.sinks, o.softcap,
@@ -293,12 +293,12 @@ def _fwd_impl(q, k, v, o: Options):
 def _bwd_impl(dout, dlse, q, k, v, out, lse, o: Options):
     if q.dtype == V.FP8_DTYPE:
         raise ops._fp8_no_backward()
-    if q.device.type == "cuda":
+    if q.is_cuda:
         dq, dk, dv, dsinks = _kernel("varlen_backward")(
             dout, dlse, q, k, v, out, lse, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k,
             o.max_seqlen_q, o.max_seqlen_k, o.sinks, o.softmax_scale, _window(o), o.softcap, o.deterministic,
         )
-    elif q.device.type == "cpu":
+    elif q.is_cpu:
         with torch.no_grad():
             dq, dk, dv, dsinks = reference.varlen_attention_backward(
                 dout, q, k, v, out, lse, o.cu_seqlens_q, o.cu_seqlens_k, o.softmax_scale, _window(o), o.sinks,

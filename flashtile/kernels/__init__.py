@@ -68,6 +68,21 @@ def _pad_headdim(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, dim - x.shape[-1]))
 
 
+def _launch():
+    """The ``launch`` module, imported on first use (it imports every kernel builder's
+    dependencies) and kept: an import statement costs about a microsecond of host time per
+    call.  Its functions are looked up on the module at each call, so patching them works."""
+    global _LAUNCH
+    if _LAUNCH is None:
+        from . import launch
+
+        _LAUNCH = launch
+    return _LAUNCH
+
+
+_LAUNCH = None
+
+
 def _require(q, k, v, forward_only: bool = False) -> None:
     reason = unsupported_reason(q, k, v, forward_only)
     if reason is not None:
@@ -78,36 +93,30 @@ def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None, fp8=Non
     """(out, lse) on CUDA; see ``launch.launch_forward``.  ``packed``: None for a dense batch,
     else the ``launch.Packed`` of a packed one (``varlen_forward``).  ``fp8``: None, or
     ``(q_descale, k_descale, v_descale, out_dtype)`` for float8_e4m3fn q, k, v."""
-    from .launch import launch_forward
-
     _require(q, k, v, forward_only=True)
     d, dv = q.shape[-1], v.shape[-1]
     dp, dvp = configs.kernel_headdims(d, dv, "fwd8" if fp8 is not None else "fwd")
     q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
-    out, lse = launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
+    out, lse = _launch().launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
     return _cut(out, dv), lse
 
 
 def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed=None):
     """(dq, dk, dv, dsinks or None) on CUDA; see ``launch.launch_backward`` (``packed`` as in
     ``forward``)."""
-    from .launch import launch_backward
-
     _require(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
     dp, dvp = configs.kernel_headdims(d, dv, "bwd")
     dout, q, k, v, out = _prepare(
         _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
     )
-    dq, dk, dv_, dsinks = launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap,
-                                          deterministic, packed)
+    dq, dk, dv_, dsinks = _launch().launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
+                                                    softcap, deterministic, packed)
     return _cut(dq, d), _cut(dk, d), _cut(dv_, dv), dsinks
 
 
 def _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
     """The launcher's ``Packed``: int32 offsets and the lengths each sequence uses."""
-    from .launch import Packed
-
     def prep(x):
         return x.to(device=q.device, dtype=torch.int32).contiguous()
 
@@ -115,7 +124,7 @@ def _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, m
     # torch.diff: cu[1:] - cu[:-1] in one call (fewer Python-level tensor ops per call)
     lens_q = prep(seqused_q) if seqused_q is not None else torch.diff(cu_q)
     lens_k = prep(seqused_k) if seqused_k is not None else torch.diff(cu_k)
-    return Packed(cu_q, cu_k, lens_q, lens_k, int(max_seqlen_q), int(max_seqlen_k), seqused_q is None, seqused_k is None)
+    return _launch().Packed(cu_q, cu_k, lens_q, lens_k, int(max_seqlen_q), int(max_seqlen_k), seqused_q is None, seqused_k is None)
 
 
 # A packed batch whose sequences all have the same lengths runs the dense kernels on views of the

@@ -539,7 +539,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
     import torch
 
-    from . import debug, target
+    from . import debug, launch
 
     reason = unsupported_reason(q, k_cache, v_cache)
     if reason is not None:
@@ -552,31 +552,33 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     if out.numel() == 0:
         return out, lse
     q = q.contiguous()
-    if block_table is None:
-        rows = int32_constant("arange", b, dev) if cache_batch_idx is None else cache_batch_idx
-        table = rows.reshape(b, 1).to(torch.int32)
+    if block_table is None:  # a contiguous cache: one page per entry, its cache row
+        if cache_batch_idx is None:
+            table = int32_constant("arange", (b, 1), dev)
+        else:
+            table = cache_batch_idx.reshape(b, 1).to(torch.int32).contiguous()
     else:
-        table = block_table
-    table = table.contiguous()
+        table = block_table.contiguous()
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     fp8 = k_cache.dtype != q.dtype
-    dtype, cache_dtype = str(q.dtype).removeprefix("torch."), str(k_cache.dtype).removeprefix("torch.")
+    dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
     sched = decode_schedule(d, dv, dtype, cache_dtype)
-    decode, combine = get_decode_kernels(d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None, sched)
+    structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
+    _, decode, combine = launch.memo(("decode", *structure, id(sched)),
+                                     lambda: (sched, *get_decode_kernels(*structure, sched)))
     capacity = k_cache.shape[1] * table.shape[1]
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.
-    num_splits = split_count(num_splits, b * hkv * row_tiles, -(-capacity // sched.cfg["block_n"]), target.sm_count(dev),
+    num_splits = split_count(num_splits, b * hkv * row_tiles, -(-capacity // sched.cfg["block_n"]), launch.sm_count(dev),
                              sched, b * sq * h * dv)
-    sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, dev)
+    sinks32 = sinks.float().contiguous() if sinks is not None else launch.placeholder((h,), dev)
     if softcap > 0:
         score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap
     else:
         score_scale, cap_in = softmax_scale * LOG2E, 0.0
     left, right = host_window(window)
-    if num_splits == 1:
-        opart = torch.empty(1, dv, dtype=torch.float32, device=dev)
-        lsepart = torch.empty(1, dtype=torch.float32, device=dev)
+    if num_splits == 1:  # the partials are neither written nor read
+        opart, lsepart = launch.placeholder((1, dv), dev), launch.placeholder((1,), dev)
     else:
         rows_total = num_splits * b * sq * h
         opart = debug.new_output((rows_total, dv), torch.float32, dev)
@@ -595,7 +597,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     if fp8:
         kdesc, vdesc = k_descale.float().contiguous(), v_descale.float().contiguous()
     else:
-        kdesc = vdesc = debug.placeholder(b, hkv, device=dev)
+        kdesc = vdesc = launch.placeholder((b, hkv), dev)
     decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
            out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
            page_size, page_shift, sq)
@@ -604,25 +606,18 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     return out, lse
 
 
-_CONSTANTS: dict = {}
-
-
-def int32_constant(kind: str, n: int, device):
-    """``arange(n)`` or ``zeros(n)`` (int32) on ``device``, sliced from one tensor per (kind,
-    device) that grows as needed, so a decode step launches no fill kernel for its default
-    table and left padding (in a CUDA graph each is a ~2 us kernel of its own, a tenth of a
-    B = 1 step: NOTES).  During graph capture they are made fresh instead: a tensor filled
-    inside a capture holds its values only once the graph replays."""
+def int32_constant(kind: str, n, device):
+    """``arange`` or ``zeros`` (int32) of ``n`` entries (an int, or a shape tuple) on ``device``,
+    made once per shape (``launch.constant``), so a decode step launches no fill kernel for its
+    default table and left padding (in a CUDA graph each is a ~2 us kernel of its own, a tenth
+    of a B = 1 step: NOTES) and pays no allocation or slice on the host.  One first asked for
+    during graph capture is made fresh: a tensor filled inside a capture holds its values only
+    once the graph replays."""
     import torch
 
-    make = torch.arange if kind == "arange" else torch.zeros
-    if torch.cuda.is_current_stream_capturing():
-        return make(n, dtype=torch.int32, device=device)
-    key = (kind, str(device))
-    t = _CONSTANTS.get(key)
-    if t is None or t.numel() < n:
-        t = _CONSTANTS[key] = make(max(n, 64), dtype=torch.int32, device=device)
-    return t[:n]
+    from .launch import constant
+
+    return constant(kind, n if type(n) is tuple else (n,), torch.int32, device)
 
 
 def unsupported_reason(q, k_cache, v_cache):

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -26,12 +25,13 @@ from .transpose_v import launch_transpose_v
 from .softmax import LOG2E
 
 
-@dataclass(frozen=True)
-class Packed:
+class Packed(NamedTuple):
     """A packed batch on the host: ``cu_q``/``cu_k`` (batch + 1,) int32 row offsets,
     ``lens_q``/``lens_k`` (batch,) int32 lengths used (``seqused`` or the offsets'
     differences), ``max_q``/``max_k`` ints bounding every length.  ``all_q_used`` /
-    ``all_k_used``: no ``seqused`` leaves rows out, so the kernels write every output row."""
+    ``all_k_used``: no ``seqused`` leaves rows out, so the kernels write every output row.
+    (A NamedTuple, not a frozen dataclass: made on every packed call, and a frozen dataclass's
+    ``__init__`` costs a microsecond or two of host time more.)"""
 
     cu_q: torch.Tensor
     cu_k: torch.Tensor
@@ -56,10 +56,78 @@ class Packed:
         return (rows - self.cu_q[seq]) < self.lens_q[seq]
 
 
+# --- per-call host helpers -------------------------------------------------------------------
+
+_CONSTANTS: dict = {}
+_MAKE = {
+    "empty": lambda shape, dtype, device: torch.empty(shape, dtype=dtype, device=device),
+    "zeros": lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device),
+    "arange": lambda shape, dtype, device: torch.arange(math.prod(shape), dtype=dtype, device=device).view(shape),
+}
+
+
+def constant(kind: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """A kernel argument whose contents never change, made once per (kind, shape, dtype, device)
+    instead of on every call (an allocation, and for ``zeros``/``arange`` a fill kernel, each a
+    microsecond or two of host time; in a CUDA graph a fill is a ~2 us node of its own).
+    ``kind``: ``"empty"`` (a placeholder the kernel never reads or writes: a compile-time
+    branch, e.g. Sinks without sinks), ``"zeros"`` or ``"arange"`` (row-major over ``shape``).
+
+    Callers must not write to it.  A cached tensor was made and filled before any capture that
+    uses it, so CUDA-graph capture and replay see its values; one first asked for during a
+    capture is made fresh and not kept (a fill recorded in a capture holds its values only once
+    the graph replays, and its memory belongs to the graph's pool).  Entries are never evicted:
+    a captured graph may hold their addresses (a handful of small shapes per model)."""
+    key = (kind, shape, dtype, device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = _MAKE[kind](shape, dtype, device)
+        if device.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                return t
+            if kind != "empty":  # filled before a kernel on any other stream reads it
+                torch.cuda.current_stream(device).synchronize()
+        _CONSTANTS[key] = t
+    return t
+
+
+def placeholder(shape: tuple, device) -> torch.Tensor:
+    """A float32 argument that this structure never reads (``constant("empty", ...)``):
+    ``debug.placeholder`` without an allocation per call."""
+    return constant("empty", shape, torch.float32, device)
+
+
+_MEMO: dict = {}
+
+
+def memo(key: tuple, make):
+    """``make()`` once per ``key`` (plain hashables naming a static structure), for a launcher's
+    per-call lookups that are not ``_memoised`` functions of their arguments (``launch_decode``'s
+    kernels, keyed by its memoised schedule's identity: the value keeps the schedule alive, so
+    its id is not reused)."""
+    value = _MEMO.get(key)
+    if value is None:
+        value = _MEMO[key] = make()
+    return value
+
+
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device) -> int:
+    """``target.sm_count`` once per device (``torch.cuda.get_device_properties`` costs a few
+    microseconds of Python per call)."""
+    n = _SM_COUNTS.get(device)
+    if n is None:
+        n = _SM_COUNTS[device] = target.sm_count(device)
+    return n
+
+
 _DTYPE_NAMES: dict = {}
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"bfloat16"`` for ``torch.bfloat16``: the builders' dtype string, made once per dtype."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
@@ -138,9 +206,9 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         return out, lse
     if packed is not None and (packed.batch == 0 or packed.max_q == 0):
         return out, lse
-    kernel = forward_kernel(d, dv, _dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                            target.sm_count(q.device), _dtype_name(out_dtype))
-    sinks32 = sinks.float().contiguous() if sinks is not None else debug.dummy_sinks(h, q.device)
+    kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
+                            sm_count(q.device), dtype_name(out_dtype))
+    sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
         v = launch_transpose_v(v, packed)
         v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
@@ -206,7 +274,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     rows that no sequence uses (``seqused``) get zero gradients."""
     h, d, dv_ = q.shape[-2], q.shape[-1], v.shape[-1]
     hkv = k.shape[-2]
-    dtype = _dtype_name(q.dtype)
+    dtype = dtype_name(q.dtype)
     # Rows a packed batch's seqused leaves out get no kernel write: zeros for them.
     partial_q = packed is not None and not packed.all_q_used
     partial_k = packed is not None and not packed.all_k_used
@@ -235,7 +303,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
         return dq, dk, dv, dsinks
 
     varlen = packed is not None
-    num_sms = target.sm_count(q.device)
+    num_sms = sm_count(q.device)
     prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
                                              num_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
