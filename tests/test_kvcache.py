@@ -427,30 +427,32 @@ def test_ctas_per_sm():
 def test_ws_schedule_fits_one_cta_per_sm(d, dv, cache):
     """The warp-specialised schedule's tiles (FP8 caches; 16-bit ones behind the developer
     switch) fit Hopper's 227 KB per CTA at every head dim and divide its 128 producer threads
-    into whole key rows."""
-    from flashtile.kernels.decode_ws import smem_bytes, ws_config
+    into whole key rows; FP8 caches take three consumer warpgroups wherever they fit."""
+    from flashtile.kernels.decode_ws import REGS, smem_bytes, ws_config
 
     item = 1 if cache.startswith("float8") else 2
     cfg = ws_config(d, dv, item)
-    assert smem_bytes(d, dv, cfg["block_n"], cfg["num_stages"], item) <= 227 * 1024 - 2048, cfg
-    assert 128 % cfg["block_n"] == 0 and cfg["num_stages"] >= 3, cfg
+    assert smem_bytes(d, dv, cfg["block_n"], cfg["num_stages"], item, cfg["consumers"]) <= 227 * 1024 - 2048, cfg
+    assert 128 % cfg["block_n"] == 0 and cfg["num_stages"] >= 3 and cfg["consumers"] in REGS, cfg
+    three_fit = smem_bytes(d, dv, cfg["block_n"], 3, item, 3) <= 227 * 1024 - 2048
+    assert cfg["consumers"] == (3 if item == 1 and three_fit else 2), cfg
 
 
-def test_fp8_cache_takes_the_ws_schedule_in_split_pairs():
+def test_fp8_cache_takes_the_ws_schedule_in_split_triples():
     from flashtile.kernels.decode import MAX_SPLITS, decode_kernel, decode_schedule, split_count
     from flashtile.kernels.decode_ws import decode_ws_kernel
 
     sched = decode_schedule(128, 128, "bfloat16", "float8_e4m3fn")
-    assert sched.kernel is decode_ws_kernel and sched.splits_per_cta == 2 and sched.ctas_per_sm == 1
+    assert sched.kernel is decode_ws_kernel and sched.splits_per_cta == 3 and sched.ctas_per_sm == 1
     bf16 = decode_schedule(128, 128, "bfloat16", None)
     assert bf16.kernel is decode_kernel and bf16.splits_per_cta == 1
     for requested in (0, 1, 2, 3, 7, 500):
         for ctas, blocks in ((8, 128), (512, 64), (1, 2), (2048, 4096)):
             n = split_count(requested, ctas, blocks, 132, sched, 32 * 128)
-            assert n % 2 == 0 and 2 <= n <= MAX_SPLITS, (requested, ctas, blocks, n)
+            assert n % 3 == 0 and 3 <= n <= MAX_SPLITS, (requested, ctas, blocks, n)
             assert split_count(requested, ctas, blocks, 132, bf16, 32 * 128) >= 1
-    assert split_count(7, 8, 128, 132, sched, 32 * 128) == 6  # a requested odd count rounds down to pairs
-    assert split_count(1, 8, 128, 132, sched, 32 * 128) == 2  # ... but never below one pair
+    assert split_count(7, 8, 128, 132, sched, 32 * 128) == 6  # a requested count rounds down to triples
+    assert split_count(1, 8, 128, 132, sched, 32 * 128) == 3  # ... but never below one triple
 
 
 # --- kernel builds (nvcc, no GPU) -----------------------------------------------------------
@@ -617,7 +619,8 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
     """The FP8-cache decode kernel (decode_ws): FP8 bytes through TMA (one box per K/V block,
     pages of whole blocks) or explicit cp.async (16-byte copies, any page size) by a producer
     warpgroup into a raw ring handed over through mbarriers; each of two consumer warpgroups
-    widens its blocks to fp16 pairwise (one cvt per two values) for its fp16 WGMMAs."""
+    widens its blocks to fp16 pairwise (one cvt per two values) for its fp16 WGMMAs; three
+    consumer warpgroups at these head dims (``ws_config``)."""
     from flashtile.kernels.decode import get_decode_kernels
 
     decode, _ = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")
@@ -625,5 +628,5 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
     assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "mbarrier_cp_async_arrive_noinc" in src
     assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "expect_transaction" in src
     assert "__tl_cvt_fp8x2_to_half2" in src and "wgmma_ss<tl::DataType::kFloat16" in src
-    # a producer and two consumer warpgroups, registers moved to the consumers
-    assert "fence_proxy_async" in src and "__launch_bounds__(384, 1)" in src and "warpgroup_reg_alloc" in src
+    # a producer and three consumer warpgroups, registers moved to the consumers
+    assert "fence_proxy_async" in src and "__launch_bounds__(512, 1)" in src and "warpgroup_reg_alloc" in src

@@ -496,11 +496,12 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override) -> Schedule:
     if cache_dtype is None and not ws_16bit:
         cfg = {**decode_config(dim, dim_v), **dict(override)}
         return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1)
-    from .decode_ws import CONSUMERS, decode_ws_kernel, ws_config
+    from .decode_ws import decode_ws_kernel, ws_config
 
     cache_dtype = cache_dtype or dtype
-    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2), "cache_dtype": cache_dtype, **dict(override)}
-    return Schedule(decode_ws_kernel, cfg, 1, CONSUMERS)
+    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2, dict(override).get("consumers", 0)),
+           "cache_dtype": cache_dtype, **dict(override)}
+    return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"])
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,

@@ -52,40 +52,46 @@ PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own us
 TMA_BOX = 16  # FP8 cache rows per TMA box: any page size that is a multiple of 16 takes TMA
 CONSUMER_SYNC = 11  # named barriers 11, 12: one per consumer warpgroup (FP8: after its widening)
 COPY_BYTES = 16  # one cp.async
-CONSUMERS = 2  # consumer warpgroups, one split each
+CONSUMERS = 2  # consumer warpgroups, one split each, where ``ws_config`` does not choose
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on Hopper
-# Registers per thread (setmaxnreg): the producer copies, converts and computes addresses; the
-# consumers hold S, P and O (167 registers measured with one consumer).  64 x 128 + 208 x 256
-# stays within the 64K-entry register file.
-PRODUCER_REGS, CONSUMER_REGS = 64, 208
+# Registers per thread (setmaxnreg) by consumer count: the producer copies and computes
+# addresses; the consumers hold S, P and O (167 registers measured with one consumer).  128
+# producer threads plus 128 per consumer stay within the 64K-entry register file: 64 x 128 +
+# 208 x 256, and 32 x 128 + 160 x 384.
+REGS = {2: (64, 208), 3: (32, 160)}  # consumers -> (producer, consumer) registers
 
 
-def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1) -> dict:
+def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0) -> dict:
     """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
-    a block's FP8 K+V is 16 KB at d = dim_v); 4 raw stages (3 where shared memory is short).
+    a block's FP8 K+V is 16 KB at d = dim_v); 4 raw stages (3 where shared memory is short);
+    ``consumers`` warpgroups (0: three for an FP8 cache where they fit, else two).
 
     The copies (not a tile parameter): by row (each producer thread looks up one key row and
     copies a share of it) for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the
     others take TMA), warp-coalesced through a row table for 16-bit ones.  Measured on an H100 (FP8, B=8 32k,
     `h100-2026-11-23f/`): the consumers widening their own blocks 1.53x the bf16 cache's speed,
     the producer widening them 1.33x with TMA and 1.24x with by-row copies; 4 raw stages as
-    fast as 7 or faster."""
+    fast as 7 or faster.  The consumers' own step sets the pace (NOTES, eleventh session), so a
+    third consumer adds a third split per SM: H200, d = 128 (`h200-2026-11-27b/c2/`), B=8 32k
+    234 -> 206 us, B=1 131k 128 -> 108, B=128 2k 310 -> 246, page 16 248 -> 228."""
     width = max(dim, dim_v)
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
-    for num_stages in (4, 3):
-        if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize) <= SMEM_LIMIT - 2048:
-            cfg = {"block_n": block_n, "num_stages": num_stages}
-            return {**cfg, "tma_box": TMA_BOX} if cache_itemsize == 1 else cfg
+    for c in [consumers] if consumers else [3, 2] if cache_itemsize == 1 else [CONSUMERS]:
+        for num_stages in (4, 3):
+            if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c) <= SMEM_LIMIT - 2048:
+                cfg = {"block_n": block_n, "num_stages": num_stages, "consumers": c}
+                return {**cfg, "tma_box": TMA_BOX} if cache_itemsize == 1 else cfg
     raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
 
 
-def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, cache_itemsize: int = 1) -> int:
-    """Shared memory of one CTA: the 16-bit Q tile (twice: one per consumer), the ring of K/V
+def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, cache_itemsize: int = 1,
+               consumers: int = CONSUMERS) -> int:
+    """Shared memory of one CTA: the 16-bit Q tile (once per consumer), the ring of K/V
     stages in the cache's element size, one widened fp16 K/V tile per consumer when the cache is
     FP8, row tables."""
-    widened = CONSUMERS * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
-    return (CONSUMERS * BLOCK_M * dim * 2 + num_stages * block_n * (dim + dim_v) * cache_itemsize + widened
-            + 4 * CONSUMERS * BLOCK_M * 4)
+    widened = consumers * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
+    return (consumers * BLOCK_M * dim * 2 + num_stages * block_n * (dim + dim_v) * cache_itemsize + widened
+            + 4 * consumers * BLOCK_M * 4)
 
 
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
@@ -99,13 +105,14 @@ def decode_ws_kernel(
     num_stages: int = 4,
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
+    consumers: int = CONSUMERS,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
-    even: CTA ``bx`` of a (row tile, kv head, entry) runs splits ``2c`` and ``2c + 1``
-    (``c = bx % (num_splits / 2)``) on its two consumer warpgroups, which share the producer, the
-    Q rows and the block stream (the producer interleaves their blocks), and write partials
-    that ``combine.py`` merges.
+    a multiple of ``consumers`` (C, 2 or 3): CTA ``bx`` of a (row tile, kv head, entry) runs
+    splits ``C c .. C c + C - 1`` (``c = bx % (num_splits / C)``) on its C consumer
+    warpgroups, which share the producer, the Q rows and the block stream (the producer
+    interleaves their blocks), and write partials that ``combine.py`` merges.
 
     An FP8 cache: the producer copies FP8 blocks into the raw ring (TMA: one box per block
     when blocks sit on one page, boxes of ``tma_box`` rows when the page size is a multiple of
@@ -123,102 +130,100 @@ def decode_ws_kernel(
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
     box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
-    assert block_n % box == 0
+    assert block_n % box == 0 and consumers in REGS
     acc = T.float32
-    rows = CONSUMERS * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
-    consumer_threads = CONSUMERS * 128
+    producer_regs, consumer_regs = REGS[consumers]
+    rows = consumers * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
+    consumer_threads = consumers * 128
     wide = WIDE if widen else dtype  # the WGMMAs' operand type
-    n_tiles = num_stages  # a 16-bit cache: the consumers read the ring's stages
     per_row = 128 // block_n  # producer threads per key row (FP8 by-row copies)
     k_copies, v_copies = dim // per_copy, dim_v // per_copy  # 16-byte copies per row
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
     load_queries, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
 
-    def stream_block(u, n1, kb_first0, per_split):
-        """Key block of the producer's ``u``-th block: the two splits' blocks alternate (split
-        2c's first) while both have some; split 2c's remaining blocks follow."""
-        both = u < 2 * n1
-        return kb_first0 + T.if_then_else(both, (u % 2) * per_split + u // 2, n1 + (u - 2 * n1))
+    def split_blocks(tile, c):
+        """Block counts of the CTA's splits ``C c + w`` (registers; never growing with ``w``)."""
+        return [T.alloc_var(T.int32, init=tile.blocks(consumers * c + w)[1])[0] for w in range(consumers)]
 
-    def stream_index(i, wg, n1):
-        """Position in the producer's stream of warpgroup ``wg``'s ``i``-th block."""
-        return T.if_then_else(i < n1, 2 * i + wg, 2 * n1 + (i - n1))
+    def stream_index(i, wg, counts):
+        """Position in the producer's stream of warpgroup ``wg``'s ``i``-th block: the splits'
+        blocks alternate in split order while they last (``i`` rounds of every split with
+        more than ``i`` blocks, a prefix of the splits since counts never grow), so block ``i``
+        of split ``wg`` follows every split's first ``i`` blocks and its predecessors' ``i``-th."""
+        return sum(T.min(i, n) for n in counts) + wg
 
     @T.macro
-    def lookup(rows_s, BlockTable, tile, u, total, kb, pt, page_size, page_shift):
+    def lookup(rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift):
         """Threads 0 .. block_n - 1 of the producer: the cache row of each key of key block
         ``kb`` (the stream's ``u``-th) into ``rows_s[u % 2]`` (read by ``issue`` after a
         producer barrier)."""
-        if u < total and pt < block_n:
+        if pt < block_n:
             j = T.alloc_var(T.int32, init=tile.key(kb * block_n + pt))
             pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
             rows_s[u % 2, pt] = cache_row(BlockTable, tile.b, j, pg, page_size)
 
     @T.macro
-    def issue(X, ring, rows_s, tile, u, total, pt, copies):
+    def issue(X, ring, rows_s, tile, u, pt, copies):
         """This thread's cp.async copies of the stream's ``u``-th block of X (K or V: ``copies``
         16-byte pieces per row) into ring stage ``u % num_stages``: consecutive threads take
         consecutive pieces of a row, so a warp reads whole 128-byte lines (one thread per key
         row, 32 bytes of each row per instruction, ran at 61% of the bandwidth)."""
-        if u < total:
-            for it in T.serial(T.ceildiv(block_n * copies, 128)):
-                e = it * 128 + pt
-                if (block_n * copies) % 128 == 0 or e < block_n * copies:
-                    r = e // copies
-                    col = (e % copies) * per_copy
-                    T.ptx_cp_async(T.access_ptr(ring[u % num_stages, r, col], "w", per_copy),
-                                   T.access_ptr(X[rows_s[u % 2, r], tile.hk, col], "r", per_copy), per_copy)
+        for it in T.serial(T.ceildiv(block_n * copies, 128)):
+            e = it * 128 + pt
+            if (block_n * copies) % 128 == 0 or e < block_n * copies:
+                r = e // copies
+                col = (e % copies) * per_copy
+                T.ptx_cp_async(T.access_ptr(ring[u % num_stages, r, col], "w", per_copy),
+                               T.access_ptr(X[rows_s[u % 2, r], tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
-    def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, total, kb, pt, page_size, page_shift):
+    def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, kb, pt, page_size, page_shift):
         """FP8 pages that TMA cannot take: each thread looks up one key row of block ``kb``
         itself and copies its share."""
-        if u < total:
-            r = pt // per_row
-            sub = pt % per_row
-            j = T.alloc_var(T.int32, init=tile.key(kb * block_n + r))
-            pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
-            row = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, j, pg, page_size))
-            for c in T.serial(T.ceildiv(k_copies, per_row)):
-                if k_copies % per_row == 0 or sub + c * per_row < k_copies:
-                    col = (sub + c * per_row) * per_copy
-                    T.ptx_cp_async(T.access_ptr(k_ring[u % num_stages, r, col], "w", per_copy),
-                                   T.access_ptr(K[row, tile.hk, col], "r", per_copy), per_copy)
-            for c in T.serial(T.ceildiv(v_copies, per_row)):
-                if v_copies % per_row == 0 or sub + c * per_row < v_copies:
-                    col = (sub + c * per_row) * per_copy
-                    T.ptx_cp_async(T.access_ptr(v_ring[u % num_stages, r, col], "w", per_copy),
-                                   T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
+        r = pt // per_row
+        sub = pt % per_row
+        j = T.alloc_var(T.int32, init=tile.key(kb * block_n + r))
+        pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
+        row = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, j, pg, page_size))
+        for c in T.serial(T.ceildiv(k_copies, per_row)):
+            if k_copies % per_row == 0 or sub + c * per_row < k_copies:
+                col = (sub + c * per_row) * per_copy
+                T.ptx_cp_async(T.access_ptr(k_ring[u % num_stages, r, col], "w", per_copy),
+                               T.access_ptr(K[row, tile.hk, col], "r", per_copy), per_copy)
+        for c in T.serial(T.ceildiv(v_copies, per_row)):
+            if v_copies % per_row == 0 or sub + c * per_row < v_copies:
+                col = (sub + c * per_row) * per_copy
+                T.ptx_cp_async(T.access_ptr(v_ring[u % num_stages, r, col], "w", per_copy),
+                               T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
-    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift, box):
-        """The stream's ``u``-th block of K and V by TMA, as ``block_n // box`` boxes of ``box``
+    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, kb, page_size, page_shift, box):
+        """The stream's ``u``-th block (key block ``kb``) of K and V by TMA, as ``block_n // box`` boxes of ``box``
         cache rows each (a box's keys sit on one page: the kernel takes this path only for page
         sizes that are multiples of ``box``, or a contiguous cache), into raw stage
         ``u % num_stages``, completing ``raw_full`` with their bytes.  Rows past the entry's
         keys (or before its left padding) are read too, and zeroed by ``widen_mine``."""
-        if u < total:
-            n0 = T.alloc_var(T.int32, init=stream_block(u, n1, tile.kb_first, tile.per_split) * block_n)
-            for t in T.unroll(block_n // box):
-                pg = T.alloc_var(T.int32, init=cache_page(n0 + t * box, page_size, page_shift))
-                row0 = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, n0 + t * box, pg, page_size))
-                T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[u % num_stages, t * box:(t + 1) * box, :],
-                           barrier=raw_full[u % num_stages])
-                T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[u % num_stages, t * box:(t + 1) * box, :],
-                           barrier=raw_full[u % num_stages])
-            T.barrier_arrive(raw_full[u % num_stages])
+        n0 = T.alloc_var(T.int32, init=kb * block_n)
+        for t in T.unroll(block_n // box):
+            pg = T.alloc_var(T.int32, init=cache_page(n0 + t * box, page_size, page_shift))
+            row0 = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, n0 + t * box, pg, page_size))
+            T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[u % num_stages, t * box:(t + 1) * box, :],
+                       barrier=raw_full[u % num_stages])
+            T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[u % num_stages, t * box:(t + 1) * box, :],
+                       barrier=raw_full[u % num_stages])
+        T.barrier_arrive(raw_full[u % num_stages])
 
     @T.macro
-    def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift):
-        """A 16-bit cache's ``u``-th stream block: its rows looked up into ``rows_s``, then (one
-        producer barrier between: the table is written by threads 0 .. block_n - 1) copied
-        warp-coalesced (by-row copies ran this schedule at 82% of the bandwidth, coalesced 95%)."""
-        kb = stream_block(u, n1, tile.kb_first, tile.per_split)
-        lookup(rows_s, BlockTable, tile, u, total, kb, pt, page_size, page_shift)
+    def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift):
+        """A 16-bit cache's ``u``-th stream block (key block ``kb``): its rows looked up into
+        ``rows_s``, then (one producer barrier between: the table is written by threads
+        0 .. block_n - 1) copied warp-coalesced (by-row copies ran this schedule at 82% of the
+        bandwidth, coalesced 95%)."""
+        lookup(rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift)
         T.sync_threads(PRODUCER_SYNC, 128)
-        issue(K, k_ring, rows_s, tile, u, total, pt, k_copies)
-        issue(V, v_ring, rows_s, tile, u, total, pt, v_copies)
+        issue(K, k_ring, rows_s, tile, u, pt, k_copies)
+        issue(V, v_ring, rows_s, tile, u, pt, v_copies)
 
     @T.macro
     def widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, ct, wg):
@@ -227,8 +232,7 @@ def decode_ws_kernel(
         per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads whole
         blocks, whose rows there may hold stale or NaN bytes (by-row copies load the nearest
         valid key instead); the mask gives those keys zero weight, and 0 * a finite V row is 0."""
-        # The block's first key from this warpgroup's own split (``stream_block`` takes split
-        # 2c's registers, which only the producer and warpgroup 0 hold).
+        # The block's first key from this warpgroup's own split.
         n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
         for X_s, X_ring, width in ((k_s, k_ring, dim), (v_s, v_ring, dim_v)):
             pieces = block_n * width // 8  # 8-value pieces of the block
@@ -243,103 +247,99 @@ def decode_ws_kernel(
                                                             T.cast(0, WIDE))
 
     @T.macro
-    def raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size, page_shift):
-        """The FP8 producer only copies, ``num_stages`` blocks ahead of the consumers: one TMA box
-        per block when every block sits on one page (a contiguous cache, or pages of a multiple
-        of ``block_n`` keys), boxes of ``box`` rows when the pages are multiples of ``box``
-        (vLLM's 16), else by-row cp.async, each thread's arrival on the stage's full barrier
-        when its copies land.  A stage is refilled once its consumer has widened it.  (16-row
-        boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)"""
-        for u in T.serial(total):
-            T.barrier_wait(raw_empty[u % num_stages], ((u // num_stages) & 1) ^ 1)  # a fresh barrier passes parity 1
-            if T.Or(page_shift == 31, page_size % block_n == 0):
-                tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift, block_n)
-            elif box < block_n and page_size % box == 0:
-                tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, total, n1, page_size, page_shift, box)
-            else:
-                issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, total, stream_block(u, n1, tile.kb_first, tile.per_split),
-                             pt, page_size, page_shift)
-                T.cp_async_barrier_noinc(raw_full[u % num_stages])
+    def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, pt, page_size, page_shift):
+        """The producer's stream, ``num_stages`` blocks ahead of the consumers: round ``i`` takes
+        block ``i`` of every split that has one (``stream_index``'s order), each into the next
+        ring stage once its consumer has released it.
+
+        FP8: only copies, one TMA box per block when every block sits on one page (a contiguous
+        cache, or pages of a multiple of ``block_n`` keys), boxes of ``box`` rows when the pages
+        are multiples of ``box`` (vLLM's 16), else by-row cp.async, each thread's arrival on the
+        stage's full barrier when its copies land; the consumer widens the stage.  (16-row
+        boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)  A 16-bit
+        cache: rows looked up, then warp-coalesced cp.async (``fetch``)."""
+        u = T.alloc_var(T.int32, init=0)
+        for i in T.serial(counts[0]):
+            for w, count in enumerate(counts):  # unrolled in Python (TileLang turns ``range`` into a loop)
+                if i < count:
+                    kb = T.alloc_var(T.int32, init=tile.kb_first + w * tile.per_split + i)
+                    T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)  # a fresh barrier passes parity 1
+                    if not widen:
+                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift)
+                        T.cp_async_barrier_noinc(full[u % num_stages])  # arrives once this thread's copies land
+                    elif T.Or(page_shift == 31, page_size % block_n == 0):
+                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, u, kb, page_size, page_shift, block_n)
+                    elif box < block_n and page_size % box == 0:
+                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, u, kb, page_size, page_shift, box)
+                    else:
+                        issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, kb, pt, page_size, page_shift)
+                        T.cp_async_barrier_noinc(full[u % num_stages])
+                    u += 1
 
     @T.macro
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
         H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
-        pairs = num_splits // 2
-        with T.Kernel(pairs * T.ceildiv((H // Hkv) * Sq, BLOCK_M), Hkv, B, threads=consumer_threads + 128) as (bx, hk, b):
+        groups = num_splits // consumers  # CTAs per (row tile, kv head, entry)
+        with T.Kernel(groups * T.ceildiv((H // Hkv) * Sq, BLOCK_M), Hkv, B, threads=consumer_threads + 128) as (bx, hk, b):
             q_s = T.alloc_shared([rows, dim], wide)
             k_ring = T.alloc_shared([num_stages, block_n, dim], cache_dtype)
             v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
             # The consumers' K/V tiles: one widened fp16 tile per consumer, or the ring itself.
-            k_s = T.alloc_shared([CONSUMERS, block_n, dim], WIDE) if widen else k_ring
-            v_s = T.alloc_shared([CONSUMERS, block_n, dim_v], WIDE) if widen else v_ring
+            k_s = T.alloc_shared([consumers, block_n, dim], WIDE) if widen else k_ring
+            v_s = T.alloc_shared([consumers, block_n, dim_v], WIDE) if widen else v_ring
             rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
             tok_s, head_s, qrow_s, lrow_s = row_tables(rows)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
-            if widen:
-                # Raw stage s holds the stream's block: full after the producer's 128 arrivals
-                # (and its TMA bytes), empty once the consumer of that block has widened it.
-                raw_full = T.alloc_barrier(arrive_count=[128] * num_stages)
-                raw_empty = T.alloc_barrier(arrive_count=[128] * num_stages)
-            else:
-                # Ring stage u % n_tiles: full when the producer's copies landed (128 arrivals),
-                # empty when its consumer's GEMMs have read it (128).
-                full = T.alloc_barrier(arrive_count=[128] * n_tiles)
-                empty = T.alloc_barrier(arrive_count=[128] * n_tiles)
+            # Ring stage u % num_stages holds the stream's u-th block: full after the producer's
+            # 128 arrivals (and its TMA bytes), empty once the block's consumer has widened it
+            # (FP8) or its GEMMs have read it (a 16-bit cache).
+            full = T.alloc_barrier(arrive_count=[128] * num_stages)
+            empty = T.alloc_barrier(arrive_count=[128] * num_stages)
 
             tx = T.get_thread_binding()
-            wg = T.alloc_var(T.int32, init=T.min(tx // 128, CONSUMERS))  # 2: the producer
+            wg = T.alloc_var(T.int32, init=T.min(tx // 128, consumers))  # consumers: the producer
             T.pdl_trigger()  # the combine may launch early (decode.decode_kernel)
-            # This warpgroup's split (the producer's registers describe split 2c).
-            tile = SplitTile(bx // pairs, 2 * (bx % pairs) + wg % 2, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
-                             num_splits, block_n, KDescale, score_scale, cap_in, widen, has_softcap)
-            # Blocks of split 2c + 1, which the stream interleaves with split 2c's.
-            n1 = T.alloc_var(T.int32, init=tile.blocks(2 * (bx % pairs) + 1)[1])
+            # This warpgroup's split (the producer's registers describe split C c).
+            tile = SplitTile(bx // groups, consumers * (bx % groups) + wg % consumers, hk, b, H, Hkv, Sq, SeqlensK,
+                             Leftpad, left, right, num_splits, block_n, KDescale, score_scale, cap_in, widen,
+                             has_softcap)
+            counts = split_blocks(tile, bx % groups)
             load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
             T.fence_proxy_async()  # every writer of q_s, before the barrier: the WGMMAs read it (async proxy)
             T.sync_threads()  # q_s and the row tables, for every thread (no sync pass here)
             if tx >= consumer_threads:  # producer (a condition on the thread index: TileLang lays the fragments out over the consumers)
-                T.set_max_nreg(PRODUCER_REGS, 0)
-                pt = tx - consumer_threads
-                total = tile.my_blocks + n1
-
-                if widen:
-                    raw_producer(K, V, k_ring, v_ring, raw_full, raw_empty, BlockTable, tile, total, n1, pt, page_size,
-                                 page_shift)
-                else:
-                    for u in T.serial(total):
-                        T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)
-                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, total, n1, pt, page_size, page_shift)
-                        T.cp_async_barrier_noinc(full[u % num_stages])  # arrives once this thread's copies land
-            else:  # consumer warpgroups: split 2c + wg each
-                T.set_max_nreg(CONSUMER_REGS, 1)
+                T.set_max_nreg(producer_regs, 0)
+                produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, tx - consumer_threads,
+                        page_size, page_shift)
+            else:  # consumer warpgroups: split C c + wg each
+                T.set_max_nreg(consumer_regs, 1)
                 T.clear(o)
                 T.clear(l)
                 T.fill(m, neg_inf)
                 for i in T.serial(tile.my_blocks):
-                    u = stream_index(i, wg, n1)
+                    u = T.alloc_var(T.int32, init=stream_index(i, wg, counts))
+                    T.barrier_wait(full[u % num_stages], (u // num_stages) & 1)
                     if widen:
                         # Widen this block into our own tile (our previous GEMMs have finished
                         # reading it), release the raw stage, then one barrier of our 128
                         # threads before the WGMMAs read the whole tile.
-                        T.barrier_wait(raw_full[u % num_stages], (u // num_stages) & 1)
                         widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, tx % 128, wg)
                         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-                        T.barrier_arrive(raw_empty[u % num_stages])
+                        T.barrier_arrive(empty[u % num_stages])
                         T.sync_threads(CONSUMER_SYNC + wg, 128)
                     else:
-                        T.barrier_wait(full[u % n_tiles], (u // n_tiles) & 1)
                         T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
-                    T.gemm(q_s, k_s[wg if widen else u % n_tiles, :, :], s, transpose_B=True, clear_accum=True,
+                    T.gemm(q_s, k_s[wg if widen else u % num_stages, :, :], s, transpose_B=True, clear_accum=True,
                            policy=FULL_ROW)
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
                            tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
                     T.copy(s, p)
                     for r, c in T.Parallel(rows, dim_v):
                         o[r, c] *= alpha[r]
-                    T.gemm(p, v_s[wg if widen else u % n_tiles, :, :], o, policy=FULL_ROW)
+                    T.gemm(p, v_s[wg if widen else u % num_stages, :, :], o, policy=FULL_ROW)
                     if not widen:
-                        T.barrier_arrive(empty[u % n_tiles])
+                        T.barrier_arrive(empty[u % num_stages])
                 store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
                       lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
 
