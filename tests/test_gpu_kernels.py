@@ -94,6 +94,11 @@ GRID = [
     G(17, 113, 64, 64, 8, 2, "causal", BF16, batch=2),
     G(1023, 1024, 64, 64, 4, 1, "win(64,64)", FP16),
     G(239, 1, 64, 64, 8, 2, "causal", BF16, batch=2),  # 238 fully masked rows
+    # up to 1024 keys and queries d=64 takes the persistent 128-row forward (configs.short_forward),
+    # past it the one-tile 192-row kernel
+    G(513, 700, 64, 64, 8, 2, "causal", BF16, sinks=True, softcap=30.0, batch=2),
+    G(1025, 1030, 64, 64, 8, 2, "causal", BF16, batch=2),
+    G(300, 2100, 64, 64, 4, 1, "win(64,64)", FP16, sinks=True),
     # d 96
     G(113, 203, 96, 96, 4, 4, "win(127,0)", FP16, batch=2),
     G(1024, 1023, 96, 96, 4, 1, "causal", BF16),  # row 0 sees nothing

@@ -144,3 +144,21 @@ def test_packed_statistics_padding_covers_every_query_block(lens):
         end = s + n + STAT_PAD  # one past the last entry a query block may read
         nxt = starts[b + 1] if b + 1 < len(lens) else rows
         assert end <= nxt, f"lens {lens}: sequence {b}'s padding [{s + n}, {end}) reaches {nxt}"
+
+
+@pytest.mark.parametrize("d,dv,sq,sk,short", [
+    (64, 64, 1024, 1024, True), (64, 64, 1, 513, True), (64, 64, 1025, 512, False), (64, 64, 300, 2100, False),
+    (48, 48, 512, 512, False), (64, 32, 512, 512, False), (128, 128, 512, 512, False),
+])
+def test_short_d64_forwards_take_the_persistent_128_row_tiles(d, dv, sq, sk, short):
+    """``configs.short_forward``: d = 64 with both lengths <= 1024 runs the d=128 row's persistent
+    128-row pairs (a second compiled kernel, which precompile builds beside the one-tile one)."""
+    from flashtile.kernels import precompile
+
+    assert configs.short_forward(d, dv, sq, sk) is short
+    for kind in configs.MASK_KINDS:
+        cfg = configs.fwd_config(64, 64, "bfloat16", kind, short=True)
+        assert cfg == configs.fwd_config(128, 128, "bfloat16", kind) and cfg.tiles_per_cta == 0, cfg
+        assert configs.fwd_config(64, 64, "bfloat16", kind).block_m == 192
+    built = [kw.get("short", False) for p, kw in precompile.structures([(d, dv)], ["bfloat16"], ["plain"], ["fwd", "vfwd"])]
+    assert built == ([False, True, False] if (d, dv) == (64, 64) else [False, False]), built

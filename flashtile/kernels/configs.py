@@ -119,12 +119,32 @@ def mask_kind(window: tuple[int, int]) -> str:
     return "full" if window == (-1, -1) else "local"
 
 
-def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool = False) -> FwdConfig:
+# Dense forwards whose query and key lengths are both at most this take ``short_forward``'s tiles.
+SHORT_SEQLEN = 1024
+
+
+def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether a dense forward takes the short-sequence row of ``fwd_config`` (a runtime choice
+    between two compiled kernels): d = 64 with both lengths <= ``SHORT_SEQLEN``.  Such tiles
+    see at most 8 key blocks, too few to amortise a one-tile CTA's launch, Q load and epilogue
+    (29% of the warp samples at 1k causal: NOTES, eleventh session), so they run the d=128
+    row's persistent pairs of 128-row tiles instead of one 192-row tile per CTA.  H100
+    (``h100-2026-11-27b/c1``: ``tune.py fwd --headdim 64``, bf16, 16k tokens x 32 heads; ms,
+    192-row tile / 128-row persistent, two rounds): 512 full 0.252 / 0.224-0.229, causal
+    0.248 / 0.185; 1k full 0.404 / 0.394-0.396, causal 0.309 / 0.262-0.264; 2k full 0.660 /
+    0.724 (worse), causal 0.422 / 0.426 (equal): hence the bound.  Head dims below 64 (zero-padded
+    to 16, 32 or 48) keep the one-tile kernel: the persistent one is not tested there."""
+    return dim == dim_v == 64 and seqlen_q <= SHORT_SEQLEN and seqlen_k <= SHORT_SEQLEN
+
+
+def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool = False,
+               short: bool = False) -> FwdConfig:
     """Forward tiles.  128 query rows = two consumer warpgroups of 64 rows each; the key
     block shrinks with the head dim so K/V stages plus the output tile fit in 228 KB of
     shared memory and S/P plus O fit in the register file.  Packed (``varlen``) batches run
     one tile per CTA: the persistent walk pairs mirror blocks of a row and needs every row's
-    block count, which a packed batch only has on the device."""
+    block count, which a packed batch only has on the device.  ``short``: a dense batch that
+    ``short_forward`` says is short."""
     if "fwd" in overrides:
         return overrides["fwd"]
     if dtype in (FP8_DTYPE, "float8_e4m3fn"):
@@ -134,6 +154,8 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
 
         return replace(fwd_config(dim, dim_v, dtype, kind), tiles_per_cta=1)
     widest = max(dim, dim_v)
+    if short:
+        return fwd_config(128, 128, dtype, kind)  # the persistent 128-row pairs (``short_forward``)
     if widest <= 64:
         # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short
         # d=64 GEMMs), hand-written with pingpong turns.  H100 (h100-2026-11-22/fwd-pingpong):

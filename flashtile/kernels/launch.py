@@ -160,18 +160,18 @@ def _scores(softmax_scale: float, softcap: float) -> tuple[float, float]:
 
 
 def forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool, window=(-1, -1),
-                   varlen: bool = False, num_sms: int = 132, out_dtype: Optional[str] = None):
+                   varlen: bool = False, num_sms: int = 132, out_dtype: Optional[str] = None, short: bool = False):
     """The compiled forward for one static structure (tiles and builder from ``configs.fwd_config``;
-    ``out_dtype`` for FP8 inputs, ``operands``)."""
+    ``out_dtype`` for FP8 inputs, ``operands``; ``short`` from ``configs.short_forward``)."""
     structure = _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, configs.mask_kind(window), varlen,
-                                   num_sms, out_dtype)
+                                   num_sms, out_dtype, short)
     return cache.get_static(*structure)
 
 
 @_memoised
-def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, num_sms, out_dtype):
+def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, num_sms, out_dtype, short=False):
     """``cache.structure`` of ``forward_kernel``."""
-    cfg = configs.fwd_config(dim, dim_v, dtype, kind, varlen)
+    cfg = configs.fwd_config(dim, dim_v, dtype, kind, varlen, short)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
     if cfg.manual_ws and cfg.tiles_per_cta != 1:
         static["num_sms"] = num_sms
@@ -206,8 +206,9 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         return out, lse
     if packed is not None and (packed.batch == 0 or packed.max_q == 0):
         return out, lse
+    short = packed is None and fp8 is None and configs.short_forward(d, dv, q.shape[1], sk)
     kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                            sm_count(q.device), dtype_name(out_dtype))
+                            sm_count(q.device), dtype_name(out_dtype), short)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
         v = launch_transpose_v(v, packed)

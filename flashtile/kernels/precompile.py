@@ -40,7 +40,10 @@ def structures(headdims, dtypes, features, passes=PASSES):
             kw = dict(dim=d, dim_v=dv, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
             yield p, kw if p == "decode" else {**kw, "cache_dtype": "float8_e4m3fn"}
         elif base == "fwd":
-            yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
+            kw = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
+            yield p, kw
+            if not varlen and configs.short_forward(dim, dim_v, 1, 1):  # the short-sequence row too
+                yield p, {**kw, "short": True}
         elif base == "fwd8":
             yield p, dict(dim=dim, dim_v=dim_v, dtype="float8_e4m3fn", has_sinks=has_sinks, has_softcap=has_softcap,
                           varlen=varlen, out_dtype=dtype)
