@@ -64,7 +64,7 @@ REGS = {2: (64, 208), 3: (32, 160)}  # consumers -> (producer, consumer) registe
 def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0) -> dict:
     """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
     a block's FP8 K+V is 16 KB at d = dim_v); 4 raw stages (3 where shared memory is short);
-    ``consumers`` warpgroups (0: three for an FP8 cache where they fit, else two).
+    ``consumers`` warpgroups (0: three for an FP8 cache with 64-key blocks, else two).
 
     The copies (not a tile parameter): by row (each producer thread looks up one key row and
     copies a share of it) for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the
@@ -73,10 +73,13 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0)
     the producer widening them 1.33x with TMA and 1.24x with by-row copies; 4 raw stages as
     fast as 7 or faster.  The consumers' own step sets the pace (NOTES, eleventh session), so a
     third consumer adds a third split per SM: H200, d = 128 (`h200-2026-11-27b/c2/`), B=8 32k
-    234 -> 206 us, B=1 131k 128 -> 108, B=128 2k 310 -> 246, page 16 248 -> 228."""
+    234 -> 206 us, B=1 131k 128 -> 108, B=128 2k 310 -> 246, page 16 248 -> 228.  Not at
+    other block sizes: three consumers' 128-key S tiles (d <= 64) spill 324 bytes under the
+    160-register share, and 32-key blocks (d > 128) were not measured."""
     width = max(dim, dim_v)
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
-    for c in [consumers] if consumers else [3, 2] if cache_itemsize == 1 else [CONSUMERS]:
+    three = cache_itemsize == 1 and block_n == 64
+    for c in [consumers] if consumers else [3, 2] if three else [CONSUMERS]:
         for num_stages in (4, 3):
             if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c) <= SMEM_LIMIT - 2048:
                 cfg = {"block_n": block_n, "num_stages": num_stages, "consumers": c}
