@@ -52,7 +52,8 @@ def main():
     rows = [
         ("torch.empty x2 (allocation floor)", lambda: (torch.empty_like(q), torch.empty(b, h, s, device="cuda"))),
         ("tvm-ffi executable(*args)", lambda: exe(*args_)),
-        ("kernel(*args) (TileLang adapter)", lambda: kernel(*args_)),
+        ("kernel(*args) (direct: cache._direct_calls)", lambda: kernel(*args_)),
+        ("kernel.adapter.func(*args) (TileLang adapter)", lambda: kernel.adapter.func(*args_)),
         ("launch_forward", lambda: fwd.launch_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
         ("kernels.forward (+checks, _prepare)", lambda: kernels_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
         ("flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),

@@ -9,6 +9,8 @@ structures except while ``configs.overrides`` is set.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -188,3 +190,32 @@ def test_forward_ad_keeps_the_recorded_path():
         assert ops._needs_grad(qd, k, v)
         with pytest.raises(NotImplementedError, match="jvp"):
             flashtile.flash_attn_func(qd, k, v)
+
+
+def test_kernels_call_the_executable_directly_from_the_first_call():
+    """``cache._direct_calls``: a kernel without adapter-allocated outputs calls its compiled
+    executable itself (loaded on the first call); one with outputs keeps TileLang's adapter."""
+    from types import SimpleNamespace
+
+    from flashtile.kernels import cache
+
+    calls = []
+    exe = lambda *a: calls.append(a) or "ran"  # noqa: E731
+    adapter = SimpleNamespace(result_idx=[], _get_executable=lambda: exe, func=lambda *a: "adapter")
+    kernel = SimpleNamespace(adapter=adapter, torch_function=adapter.func)
+    assert cache._direct_calls(kernel) is kernel
+    assert kernel.torch_function(1, 2) == "ran" and kernel.torch_function is exe and calls == [(1, 2)]
+    owned = SimpleNamespace(adapter=SimpleNamespace(result_idx=[3], _get_executable=lambda: exe), torch_function="adapter")
+    assert cache._direct_calls(owned).torch_function == "adapter"
+    assert cache._direct_calls(None) is None
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_built_kernels_take_the_direct_call():
+    """The real TileLang kernels qualify (their adapter allocates no outputs)."""
+    from flashtile.kernels.decode import get_decode_kernels
+
+    for kernel in get_decode_kernels(128, 128, "bfloat16", False, False):
+        assert kernel.torch_function.__name__ == "first_call", kernel.torch_function
+        assert not kernel.adapter.result_idx
