@@ -315,3 +315,31 @@ def test_cache_over_2_31_elements():
         olp, _ = flash_attn_with_kvcache(q.cpu(), kc_small.cpu(), vc_small.cpu(), cache_seqlens=seqlens.cpu(), causal=True, return_lse=True)
         assert _err(out, o32) <= 2 * _err(olp, o32) + 1e-5 * max(1.0, o32.abs().max().item())
         assert _err(lse, l32) <= 1e-5 * max(1.0, l32.abs().max().item()) + 1e-4
+
+
+@pytest.mark.parametrize("sq", [1, 4])
+def test_fp8_cache_decode_repeats_bitwise_under_full_load(sq):
+    """An FP8 cache large enough to stream at full bandwidth (B=8, 32k keys, 512 MB), decoded 20
+    times: every result bitwise equal to the first, and entry 0 within tolerance of float64 math
+    on the dequantized cache.  The warp-specialised kernel's consumers share one producer; a
+    stage hand-over that depended on TMA loads completing in issue order failed here (a launch
+    failure on an H100, ``decode_ws.stage``), which the small shapes above never showed."""
+    from flashtile.fp8 import quantize_fp8
+
+    b, L, h, hkv, d = 8, 32768, 32, 8, 128
+    q = torch.randn(b, sq, h, d, dtype=BF16, device="cuda")
+    k8, kd = quantize_fp8(torch.randn(b, L, hkv, d, dtype=BF16, device="cuda"))
+    v8, vd = quantize_fp8(torch.randn(b, L, hkv, d, dtype=BF16, device="cuda"))
+    lens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    call = lambda: flash_attn_with_kvcache(q, k8, v8, cache_seqlens=lens, causal=True, k_descale=kd, v_descale=vd)  # noqa: E731
+    first = call()
+    outs = [call() for _ in range(20)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, first) for o in outs), "FP8-cache decode not reproducible under load"
+    k0 = (k8[0].double() * kd[0][None, :, None]).repeat_interleave(h // hkv, dim=1)  # (L, H, d)
+    v0 = (v8[0].double() * vd[0][None, :, None]).repeat_interleave(h // hkv, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q[0].double(), k0) / math.sqrt(d)
+    s = s.masked_fill(torch.arange(L, device="cuda")[None, :] > torch.arange(sq, device="cuda")[:, None] + L - sq,
+                      float("-inf"))
+    ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v0)
+    assert (first[0].double() - ref).abs().max().item() < 2e-2, "FP8-cache decode far from the dequantized reference"

@@ -434,7 +434,8 @@ def test_ws_schedule_fits_one_cta_per_sm(d, dv, cache):
     item = 1 if cache.startswith("float8") else 2
     cfg = ws_config(d, dv, item)
     assert smem_bytes(d, dv, cfg["block_n"], cfg["num_stages"], item, cfg["consumers"]) <= 227 * 1024 - 2048, cfg
-    assert 128 % cfg["block_n"] == 0 and cfg["num_stages"] >= 3 and cfg["consumers"] in REGS, cfg
+    assert 128 % cfg["block_n"] == 0 and cfg["consumers"] in REGS, cfg
+    assert cfg["num_stages"] % cfg["consumers"] == 0 and cfg["num_stages"] >= 3, cfg  # whole stages per consumer
     assert cfg["consumers"] == (3 if item == 1 and cfg["block_n"] == 64 else 2), cfg
 
 

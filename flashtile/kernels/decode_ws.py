@@ -63,8 +63,10 @@ REGS = {2: (64, 208), 3: (32, 160)}  # consumers -> (producer, consumer) registe
 
 def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0) -> dict:
     """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
-    a block's FP8 K+V is 16 KB at d = dim_v); 4 raw stages (3 where shared memory is short);
-    ``consumers`` warpgroups (0: three for an FP8 cache with 64-key blocks, else two).
+    a block's FP8 K+V is 16 KB at d = dim_v); ``consumers`` warpgroups (0: three for an FP8
+    cache with 64-key blocks, else two), each owning ``num_stages / consumers`` raw stages: two
+    each with two consumers (one where shared memory is short), one each with three (two do not
+    fit at d = 128).
 
     The copies (not a tile parameter): by row (each producer thread looks up one key row and
     copies a share of it) for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the
@@ -80,7 +82,7 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0)
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
     three = cache_itemsize == 1 and block_n == 64
     for c in [consumers] if consumers else [3, 2] if three else [CONSUMERS]:
-        for num_stages in (4, 3):
+        for num_stages in (2 * c, c):
             if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c) <= SMEM_LIMIT - 2048:
                 cfg = {"block_n": block_n, "num_stages": num_stages, "consumers": c}
                 return {**cfg, "tma_box": TMA_BOX} if cache_itemsize == 1 else cfg
@@ -131,7 +133,8 @@ def decode_ws_kernel(
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
-    assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0 and num_stages >= 2
+    assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0
+    assert num_stages % consumers == 0, "each consumer owns num_stages / consumers ring stages (``stage``)"
     box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
     assert block_n % box == 0 and consumers in REGS
     acc = T.float32
@@ -149,12 +152,21 @@ def decode_ws_kernel(
         """Block counts of the CTA's splits ``C c + w`` (registers; never growing with ``w``)."""
         return [T.alloc_var(T.int32, init=tile.blocks(consumers * c + w)[1])[0] for w in range(consumers)]
 
-    def stream_index(i, wg, counts):
-        """Position in the producer's stream of warpgroup ``wg``'s ``i``-th block: the splits'
-        blocks alternate in split order while they last (``i`` rounds of every split with
-        more than ``i`` blocks, a prefix of the splits since counts never grow), so block ``i``
-        of split ``wg`` follows every split's first ``i`` blocks and its predecessors' ``i``-th."""
-        return sum(T.min(i, n) for n in counts) + wg
+    per = num_stages // consumers  # ring stages of each consumer
+
+    def stage(w, i):
+        """Ring stage of consumer ``w``'s ``i``-th block: each consumer owns ``per`` stages and
+        cycles through them, so the previous occupant of a stage is always the same consumer's
+        block ``i - per``.  (A ring shared in stream order let a consumer wait on a stage whose
+        previous phase, another consumer's block, had not landed yet: the parity wait then
+        matched the phase before it and passed at once.  With three consumers over four stages
+        that happened whenever two TMA loads completed out of issue order: an H100 launch
+        failure, h100-2026-11-27b/fin.)"""
+        return w * per + i % per
+
+    def phase(i):
+        """Parity of the phase of ``stage(w, i)`` that holds block ``i``."""
+        return (i // per) & 1
 
     @T.macro
     def lookup(rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift):
@@ -167,9 +179,9 @@ def decode_ws_kernel(
             rows_s[u % 2, pt] = cache_row(BlockTable, tile.b, j, pg, page_size)
 
     @T.macro
-    def issue(X, ring, rows_s, tile, u, pt, copies):
+    def issue(X, ring, rows_s, tile, u, st, pt, copies):
         """This thread's cp.async copies of the stream's ``u``-th block of X (K or V: ``copies``
-        16-byte pieces per row) into ring stage ``u % num_stages``: consecutive threads take
+        16-byte pieces per row) into ring stage ``st``: consecutive threads take
         consecutive pieces of a row, so a warp reads whole 128-byte lines (one thread per key
         row, 32 bytes of each row per instruction, ran at 61% of the bandwidth)."""
         for it in T.serial(T.ceildiv(block_n * copies, 128)):
@@ -177,11 +189,11 @@ def decode_ws_kernel(
             if (block_n * copies) % 128 == 0 or e < block_n * copies:
                 r = e // copies
                 col = (e % copies) * per_copy
-                T.ptx_cp_async(T.access_ptr(ring[u % num_stages, r, col], "w", per_copy),
+                T.ptx_cp_async(T.access_ptr(ring[st, r, col], "w", per_copy),
                                T.access_ptr(X[rows_s[u % 2, r], tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
-    def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, kb, pt, page_size, page_shift):
+    def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift):
         """FP8 pages that TMA cannot take: each thread looks up one key row of block ``kb``
         itself and copies its share."""
         r = pt // per_row
@@ -192,46 +204,44 @@ def decode_ws_kernel(
         for c in T.serial(T.ceildiv(k_copies, per_row)):
             if k_copies % per_row == 0 or sub + c * per_row < k_copies:
                 col = (sub + c * per_row) * per_copy
-                T.ptx_cp_async(T.access_ptr(k_ring[u % num_stages, r, col], "w", per_copy),
+                T.ptx_cp_async(T.access_ptr(k_ring[st, r, col], "w", per_copy),
                                T.access_ptr(K[row, tile.hk, col], "r", per_copy), per_copy)
         for c in T.serial(T.ceildiv(v_copies, per_row)):
             if v_copies % per_row == 0 or sub + c * per_row < v_copies:
                 col = (sub + c * per_row) * per_copy
-                T.ptx_cp_async(T.access_ptr(v_ring[u % num_stages, r, col], "w", per_copy),
+                T.ptx_cp_async(T.access_ptr(v_ring[st, r, col], "w", per_copy),
                                T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
-    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, u, kb, page_size, page_shift, box):
-        """The stream's ``u``-th block (key block ``kb``) of K and V by TMA, as ``block_n // box`` boxes of ``box``
+    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, st, kb, page_size, page_shift, box):
+        """Key block ``kb`` of K and V by TMA, as ``block_n // box`` boxes of ``box``
         cache rows each (a box's keys sit on one page: the kernel takes this path only for page
         sizes that are multiples of ``box``, or a contiguous cache), into raw stage
-        ``u % num_stages``, completing ``raw_full`` with their bytes.  Rows past the entry's
+        ``st``, completing ``raw_full[st]`` with their bytes.  Rows past the entry's
         keys (or before its left padding) are read too, and zeroed by ``widen_mine``."""
         n0 = T.alloc_var(T.int32, init=kb * block_n)
         for t in T.unroll(block_n // box):
             pg = T.alloc_var(T.int32, init=cache_page(n0 + t * box, page_size, page_shift))
             row0 = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, n0 + t * box, pg, page_size))
-            T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[u % num_stages, t * box:(t + 1) * box, :],
-                       barrier=raw_full[u % num_stages])
-            T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[u % num_stages, t * box:(t + 1) * box, :],
-                       barrier=raw_full[u % num_stages])
-        T.barrier_arrive(raw_full[u % num_stages])
+            T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[st, t * box:(t + 1) * box, :], barrier=raw_full[st])
+            T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[st, t * box:(t + 1) * box, :], barrier=raw_full[st])
+        T.barrier_arrive(raw_full[st])
 
     @T.macro
-    def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift):
+    def fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift):
         """A 16-bit cache's ``u``-th stream block (key block ``kb``): its rows looked up into
         ``rows_s``, then (one producer barrier between: the table is written by threads
         0 .. block_n - 1) copied warp-coalesced (by-row copies ran this schedule at 82% of the
         bandwidth, coalesced 95%)."""
         lookup(rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift)
         T.sync_threads(PRODUCER_SYNC, 128)
-        issue(K, k_ring, rows_s, tile, u, pt, k_copies)
-        issue(V, v_ring, rows_s, tile, u, pt, v_copies)
+        issue(K, k_ring, rows_s, tile, u, st, pt, k_copies)
+        issue(V, v_ring, rows_s, tile, u, st, pt, v_copies)
 
     @T.macro
-    def widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, ct, wg):
-        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens the raw
-        stage of the stream's ``u``-th block, its own ``i``-th, into its own fp16 tile, 8 values
+    def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, ct, wg):
+        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens raw stage ``st``, its
+        ``i``-th block, into its own fp16 tile, 8 values
         per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads whole
         blocks, whose rows there may hold stale or NaN bytes (by-row copies load the nearest
         valid key instead); the mask gives those keys zero weight, and 0 * a finite V row is 0."""
@@ -246,14 +256,14 @@ def decode_ws_kernel(
                     c0 = (it * 128 + ct) % (width // 8) * 8
                     for e in T.vectorized(8):
                         X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
-                                                            T.cast(X_ring[u % num_stages, r, c0 + e], WIDE),
+                                                            T.cast(X_ring[st, r, c0 + e], WIDE),
                                                             T.cast(0, WIDE))
 
     @T.macro
     def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, pt, page_size, page_shift):
-        """The producer's stream, ``num_stages`` blocks ahead of the consumers: round ``i`` takes
-        block ``i`` of every split that has one (``stream_index``'s order), each into the next
-        ring stage once its consumer has released it.
+        """The producer's stream: round ``i`` takes block ``i`` of every split that has one (split
+        order), each into its consumer's next stage (``stage``) once that consumer has released
+        the stage's previous block, so each consumer runs up to ``per`` blocks ahead.
 
         FP8: only copies, one TMA box per block when every block sits on one page (a contiguous
         cache, or pages of a multiple of ``block_n`` keys), boxes of ``box`` rows when the pages
@@ -261,22 +271,23 @@ def decode_ws_kernel(
         stage's full barrier when its copies land; the consumer widens the stage.  (16-row
         boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)  A 16-bit
         cache: rows looked up, then warp-coalesced cp.async (``fetch``)."""
-        u = T.alloc_var(T.int32, init=0)
+        u = T.alloc_var(T.int32, init=0)  # blocks issued so far (``fetch``'s row-table buffer)
         for i in T.serial(counts[0]):
             for w, count in enumerate(counts):  # unrolled in Python (TileLang turns ``range`` into a loop)
                 if i < count:
+                    st = stage(w, i)
                     kb = T.alloc_var(T.int32, init=tile.kb_first + w * tile.per_split + i)
-                    T.barrier_wait(empty[u % num_stages], ((u // num_stages) & 1) ^ 1)  # a fresh barrier passes parity 1
+                    T.barrier_wait(empty[st], phase(i) ^ 1)  # a fresh barrier passes parity 1
                     if not widen:
-                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift)
-                        T.cp_async_barrier_noinc(full[u % num_stages])  # arrives once this thread's copies land
+                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
+                        T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
                     elif T.Or(page_shift == 31, page_size % block_n == 0):
-                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, u, kb, page_size, page_shift, block_n)
+                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, st, kb, page_size, page_shift, block_n)
                     elif box < block_n and page_size % box == 0:
-                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, u, kb, page_size, page_shift, box)
+                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, st, kb, page_size, page_shift, box)
                     else:
-                        issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, u, kb, pt, page_size, page_shift)
-                        T.cp_async_barrier_noinc(full[u % num_stages])
+                        issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
+                        T.cp_async_barrier_noinc(full[st])
                     u += 1
 
     @T.macro
@@ -294,7 +305,7 @@ def decode_ws_kernel(
             rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
             tok_s, head_s, qrow_s, lrow_s = row_tables(rows)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
-            # Ring stage u % num_stages holds the stream's u-th block: full after the producer's
+            # Ring stage ``stage(w, i)`` holds consumer w's block i: full after the producer's
             # 128 arrivals (and its TMA bytes), empty once the block's consumer has widened it
             # (FP8) or its GEMMs have read it (a 16-bit cache).
             full = T.alloc_barrier(arrive_count=[128] * num_stages)
@@ -321,28 +332,28 @@ def decode_ws_kernel(
                 T.clear(l)
                 T.fill(m, neg_inf)
                 for i in T.serial(tile.my_blocks):
-                    u = T.alloc_var(T.int32, init=stream_index(i, wg, counts))
-                    T.barrier_wait(full[u % num_stages], (u // num_stages) & 1)
+                    st = T.alloc_var(T.int32, init=stage(wg, i))
+                    T.barrier_wait(full[st], phase(i))
                     if widen:
                         # Widen this block into our own tile (our previous GEMMs have finished
                         # reading it), release the raw stage, then one barrier of our 128
                         # threads before the WGMMAs read the whole tile.
-                        widen_mine(k_s, v_s, k_ring, v_ring, tile, u, i, tx % 128, wg)
+                        widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, tx % 128, wg)
                         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-                        T.barrier_arrive(empty[u % num_stages])
+                        T.barrier_arrive(empty[st])
                         T.sync_threads(CONSUMER_SYNC + wg, 128)
                     else:
                         T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
-                    T.gemm(q_s, k_s[wg if widen else u % num_stages, :, :], s, transpose_B=True, clear_accum=True,
+                    T.gemm(q_s, k_s[wg if widen else st, :, :], s, transpose_B=True, clear_accum=True,
                            policy=FULL_ROW)
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
                            tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
                     T.copy(s, p)
                     for r, c in T.Parallel(rows, dim_v):
                         o[r, c] *= alpha[r]
-                    T.gemm(p, v_s[wg if widen else u % num_stages, :, :], o, policy=FULL_ROW)
+                    T.gemm(p, v_s[wg if widen else st, :, :], o, policy=FULL_ROW)
                     if not widen:
-                        T.barrier_arrive(empty[u % num_stages])
+                        T.barrier_arrive(empty[st])
                 store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
                       lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
 
