@@ -632,3 +632,25 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
     # a producer and three (two) consumer warpgroups, registers moved to the consumers
     threads = 512 if d == 128 else 384
     assert "fence_proxy_async" in src and f"__launch_bounds__({threads}, 1)" in src and "warpgroup_reg_alloc" in src
+
+
+@pytest.mark.parametrize("consumers,per", [(2, 2), (3, 1), (3, 2), (2, 1)])
+def test_ws_ring_stage_previous_occupant_is_the_same_consumer(consumers, per):
+    """``decode_ws.ring_stage``: whatever order the producer interleaves the consumers' blocks in
+    (splits of unequal length included), every stage is used by one consumer only, in its own
+    block order, and consecutive uses of a stage alternate the phase parity that consumer waits
+    for: so a consumer's parity wait can never match a phase it has not consumed itself."""
+    from flashtile.kernels.decode_ws import ring_phase, ring_stage
+
+    counts = [7, 7, 5][:consumers]  # blocks per split: never growing with the split index
+    owner, uses = {}, {}
+    for i in range(counts[0]):  # the producer's rounds (decode_ws.produce)
+        for w, n in enumerate(counts):
+            if i < n:
+                st = ring_stage(w, i, per)
+                assert 0 <= st < consumers * per
+                assert owner.setdefault(st, w) == w, f"stage {st} shared by consumers {owner[st]} and {w}"
+                uses.setdefault(st, []).append(i)
+    for st, blocks in uses.items():
+        assert blocks == sorted(blocks) and all(b - a == per for a, b in zip(blocks, blocks[1:])), (st, blocks)
+        assert [ring_phase(i, per) for i in blocks] == [k & 1 for k in range(len(blocks))], (st, blocks)

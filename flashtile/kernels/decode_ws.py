@@ -99,6 +99,23 @@ def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, cache_itemsi
             + 4 * consumers * BLOCK_M * 4)
 
 
+def ring_stage(w, i, per: int):
+    """Ring stage of consumer ``w``'s ``i``-th block when each consumer owns ``per`` stages
+    (ints or TIR expressions): each consumer cycles through its own stages, so the previous
+    occupant of a stage is always the same consumer's block ``i - per``, whose phase that
+    consumer has already waited for.  (A ring shared in stream order let a consumer wait on a
+    stage whose previous phase, another consumer's block, had not landed yet: the parity wait
+    then matched the phase before it and passed at once.  With three consumers over four stages
+    that happened whenever two TMA loads completed out of issue order: an H100 launch failure,
+    h100-2026-11-27b/fin.)"""
+    return w * per + i % per
+
+
+def ring_phase(i, per: int):
+    """Parity of the phase of ``ring_stage(w, i, per)`` that holds block ``i``."""
+    return (i // per) & 1
+
+
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
 def decode_ws_kernel(
     dim: int,
@@ -155,18 +172,10 @@ def decode_ws_kernel(
     per = num_stages // consumers  # ring stages of each consumer
 
     def stage(w, i):
-        """Ring stage of consumer ``w``'s ``i``-th block: each consumer owns ``per`` stages and
-        cycles through them, so the previous occupant of a stage is always the same consumer's
-        block ``i - per``.  (A ring shared in stream order let a consumer wait on a stage whose
-        previous phase, another consumer's block, had not landed yet: the parity wait then
-        matched the phase before it and passed at once.  With three consumers over four stages
-        that happened whenever two TMA loads completed out of issue order: an H100 launch
-        failure, h100-2026-11-27b/fin.)"""
-        return w * per + i % per
+        return ring_stage(w, i, per)
 
     def phase(i):
-        """Parity of the phase of ``stage(w, i)`` that holds block ``i``."""
-        return (i // per) & 1
+        return ring_phase(i, per)
 
     @T.macro
     def lookup(rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift):
