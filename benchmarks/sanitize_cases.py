@@ -93,6 +93,9 @@ CASES = [
     Case("kvcache d128 gqa4 paged1", d=128, h=8, hkv=2, causal=True, kind="kvcache"),
     Case("kvcache d64 sinks window", d=64, h=4, hkv=4, window=(8, 0), sinks=True, kind="kvcache"),
     Case("kvcache d128 gqa4 paged1 fp8-cache", d=128, h=8, hkv=2, causal=True, kind="kvcache", fp8_cache=True),
+    # page 16: TMA boxes of 16 rows, the last 64-key block's boxes past the table's last page
+    Case("kvcache d128 gqa4 page16 fp8-cache", d=128, h=8, hkv=2, causal=True, kind="kvcache", fp8_cache=True,
+         extra={"page": 16}),
     # the FP8-cache kernel (decode_ws): producer rows of 4 threads, sinks + softcap in fp16; MHA window
     Case("kvcache d192/128 mqa sinks softcap fp16 fp8-cache", d=192, dv=128, h=4, hkv=1, sinks=True, softcap=20.0,
          dtype=torch.float16, kind="kvcache", fp8_cache=True),
@@ -304,17 +307,20 @@ def run_fp8(case: Case, sq: int, sk: int, check: bool, gen, failures):
 
 
 def run_kvcache(case: Case, sq: int, sk: int, check: bool, gen, failures):
-    """Decode on a paged cache of page size 1 (a shuffled block table): (1) ``min(sq, 17)`` new
+    """Decode on a paged cache of page size ``extra["page"]`` (1 by default; a shuffled block
+    table of exactly the pages each entry's ``sk + min(sq, 17)`` keys need, so a kernel that
+    looks pages up past a sequence's last page reads past the table): (1) ``min(sq, 17)`` new
     tokens appended at ``cache_seqlens`` = (sk, sk - 1, ...) with the heuristic split count;
     (2) the same cache without new tokens, three splits (the combine kernel), left padding on
     entry 0 and an entry with no key at all.  Checked against the same calls on CPU copies."""
     dev = DEVICE
     sq = min(sq, 17)
     b = case.b
-    cache_len = sk + sq
-    table = torch.randperm(b * cache_len, generator=gen).reshape(b, cache_len).to(torch.int32)
-    k_cache = _rand(gen, b * cache_len, 1, case.hkv, case.d, dtype=case.dtype, device="cpu")
-    v_cache = _rand(gen, b * cache_len, 1, case.hkv, case.d_v, dtype=case.dtype, device="cpu")
+    page = case.extra.get("page", 1)
+    pages = -(-(sk + sq) // page)  # per entry
+    table = torch.randperm(b * pages, generator=gen).reshape(b, pages).to(torch.int32)
+    k_cache = _rand(gen, b * pages, page, case.hkv, case.d, dtype=case.dtype, device="cpu")
+    v_cache = _rand(gen, b * pages, page, case.hkv, case.d_v, dtype=case.dtype, device="cpu")
     q = _rand(gen, b, sq, case.h, case.d, dtype=case.dtype, device="cpu")
     k_new = _rand(gen, b, sq, case.hkv, case.d, dtype=case.dtype, device="cpu")
     v_new = _rand(gen, b, sq, case.hkv, case.d_v, dtype=case.dtype, device="cpu")

@@ -227,11 +227,15 @@ def decode_ws_kernel(
         cache rows each (a box's keys sit on one page: the kernel takes this path only for page
         sizes that are multiples of ``box``, or a contiguous cache), into raw stage
         ``st``, completing ``raw_full[st]`` with their bytes.  Rows past the entry's
-        keys (or before its left padding) are read too, and zeroed by ``widen_mine``."""
+        keys (or before its left padding) are read too, and zeroed by ``widen_mine``.  A box
+        that starts past the entry's last key holds no key of it: its page is looked up at the
+        last key instead, so the block table is never read past the entry's last page (the
+        last 64-key block of a sequence can reach three 16-row pages past it)."""
         n0 = T.alloc_var(T.int32, init=kb * block_n)
         for t in T.unroll(block_n // box):
-            pg = T.alloc_var(T.int32, init=cache_page(n0 + t * box, page_size, page_shift))
-            row0 = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, n0 + t * box, pg, page_size))
+            start = T.alloc_var(T.int32, init=T.min(n0 + t * box, tile.seqlen_k - 1))
+            pg = T.alloc_var(T.int32, init=cache_page(start, page_size, page_shift))
+            row0 = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, start, pg, page_size))
             T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[st, t * box:(t + 1) * box, :], barrier=raw_full[st])
             T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[st, t * box:(t + 1) * box, :], barrier=raw_full[st])
         T.barrier_arrive(raw_full[st])
