@@ -13,17 +13,19 @@ Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
   else by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
   through the block table, so any page size works, as in ``decode.py``), each stage's full
   mbarrier completed by the copies themselves;
-- two consumer warpgroups each run their own split of the key range (the CTA runs splits
-  ``2c`` and ``2c + 1``; the producer interleaves their blocks): a consumer widens its block
-  from the raw stage into its own fp16 tile (``cvt`` of e4m3 pairs, exact; rows outside the
-  sequence as 0), releases the stage, and runs the GEMMs (Q K^T, P V in fp16, fp32
-  accumulation) and the online softmax as ``decode.py`` does, so one consumer's widening and
-  softmax run under the other's GEMMs.  Both write fp32 partials, which ``combine.py`` merges,
-  so an FP8 cache always runs an even number of splits.
+- two or three consumer warpgroups each run their own split of the key range (the CTA runs
+  splits ``C c .. C c + C - 1``; the producer interleaves their blocks, each into stages that
+  consumer owns: ``ring_stage``): a consumer widens its block from the raw stage into its own
+  fp16 tile (``cvt`` of e4m3 pairs, exact; rows outside the sequence as 0), releases the
+  stage, and runs the GEMMs (Q K^T, P V in fp16, fp32 accumulation) and the online softmax as
+  ``decode.py`` does, so one consumer's widening and softmax run under the others' GEMMs.  All
+  write fp32 partials, which ``combine.py`` merges, so an FP8 cache always runs a multiple of
+  C splits.
 
 Measured on an H100 (B=8 32k, FP8 vs the bf16 cache): 1.53x with the consumers widening
 (74% of the bandwidth); the producer widening every block was its own serial chain (1.24x with
-per-thread copies, 1.33x with TMA), and a single consumer set the pace before that (1.21-1.27x).
+per-thread copies, 1.33x with TMA), and a single consumer set the pace before that (1.21-1.27x);
+three consumers at d = 128, one stage each: 1.76x (85% of the bandwidth; page 16 1.58x).
 
 The WGMMA operands are fp16 whatever q's dtype: every e4m3 value is exact in fp16 and the
 conversion is one instruction per pair (to bf16 it is three), so q is converted to fp16 in the
@@ -35,8 +37,9 @@ A 16-bit cache can take the same schedule (``cache_dtype == dtype``: no widening
 consumers read the ring; ``decode.WS_16BIT``, a developer switch: it measured slower than
 ``decode.py`` with one consumer).
 
-Shared memory at d = 128, 64-key blocks: Q tile twice (32 KB) + 4 raw stages (64 KB) + two fp16
-K/V tiles (64 KB) = 160 KB, one CTA (384 threads) per SM.
+Shared memory at d = 128, 64-key blocks, three consumers: the Q tile once per consumer (48 KB)
++ 3 raw stages (48 KB) + three fp16 K/V tiles (96 KB) = 195 KB, one CTA (512 threads) per SM;
+two consumers (other head dims): two Q copies, 4 raw stages, two fp16 tiles.
 """
 
 import tilelang
@@ -50,7 +53,7 @@ FULL_ROW = T.GemmWarpPolicy.FullRow
 WIDE = "float16"  # the WGMMAs' operand type over an FP8 cache (see the module docstring)
 PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own use low ids)
 TMA_BOX = 16  # FP8 cache rows per TMA box: any page size that is a multiple of 16 takes TMA
-CONSUMER_SYNC = 11  # named barriers 11, 12: one per consumer warpgroup (FP8: after its widening)
+CONSUMER_SYNC = 11  # named barriers 11, 12 (, 13): one per consumer warpgroup (FP8: after its widening)
 COPY_BYTES = 16  # one cp.async
 CONSUMERS = 2  # consumer warpgroups, one split each, where ``ws_config`` does not choose
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on Hopper
