@@ -32,6 +32,7 @@ from . import ops, reference
 from .fp8 import DTYPE as FP8
 from .fp8 import saturate
 from .interface import normalize_window
+from .lazy import lazy_module
 from .validation import check_descales, check_scale, check_sinks, check_softcap, check_window, describe, fail, is_int
 
 FN = "flash_attn_with_kvcache"
@@ -290,26 +291,14 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tabl
     v_cache.index_put_(index, v)
 
 
-def _launch_decode():
-    """``kernels.decode.launch_decode``, imported on first use (it imports TileLang; a CPU-only
-    user never does), then looked up on the module each call (so monkeypatching still works)
-    without an import statement's cost."""
-    global _DECODE
-    if _DECODE is None:
-        from .kernels import decode
-
-        _DECODE = decode
-    return _DECODE.launch_decode
-
-
-_DECODE = None
+_decode = lazy_module("flashtile.kernels.decode")  # imports TileLang: a CPU-only user never does
 
 
 def _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks, softmax_scale,
             window_left, window_right, softcap, num_splits, k_descale, v_descale):
     window = (window_left, window_right)
     if q.is_cuda:
-        out, lse = _launch_decode()(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
+        out, lse = _decode().launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table,
                                     sinks, softmax_scale, window, softcap, num_splits, k_descale, v_descale)
     elif q.is_cpu:
         out, lse = reference.kvcache_attention(q, k_cache, v_cache, seqlens_k, softmax_scale, window, sinks, softcap,

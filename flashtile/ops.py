@@ -20,6 +20,7 @@ strides of the inputs.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import namedtuple
 
@@ -28,6 +29,7 @@ import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from . import fp8, reference
+from .lazy import lazy_module
 from .validation import FP8_DTYPE
 
 
@@ -35,18 +37,7 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return reference.accum_dtype(q.dtype)
 
 
-def _kernels():
-    # Imported lazily: a CPU-only user never pays for importing TileLang.  Kept after the first
-    # call: an import statement costs about a microsecond of host time on every call.
-    global _KERNELS
-    if _KERNELS is None:
-        from . import kernels
-
-        _KERNELS = kernels
-    return _KERNELS
-
-
-_KERNELS = None
+_kernels = lazy_module("flashtile.kernels")  # a CPU-only user never imports TileLang
 
 
 def _no_device(device: torch.device):
@@ -383,14 +374,9 @@ def fast_eager(device: torch.device, *tensors) -> bool:
     return _plain_eager(*tensors) and _fast_device(device)
 
 
+@functools.cache  # once per device: ``device.type`` makes a string on every call
 def _fast_device(device: torch.device) -> bool:
-    fast = _FAST_DEVICE.get(device)
-    if fast is None:  # once per device: ``device.type`` makes a string on every call
-        fast = _FAST_DEVICE[device] = device.type in _FAST_DEVICES
-    return fast
-
-
-_FAST_DEVICE: dict = {}
+    return device.type in _FAST_DEVICES
 
 
 def eager_route(device: torch.device, *tensors) -> str:

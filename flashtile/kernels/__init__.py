@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..lazy import lazy_module
 from . import configs
 from .target import capability as _capability
 
@@ -68,19 +69,7 @@ def _pad_headdim(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, dim - x.shape[-1]))
 
 
-def _launch():
-    """The ``launch`` module, imported on first use (it imports every kernel builder's
-    dependencies) and kept: an import statement costs about a microsecond of host time per
-    call.  Its functions are looked up on the module at each call, so patching them works."""
-    global _LAUNCH
-    if _LAUNCH is None:
-        from . import launch
-
-        _LAUNCH = launch
-    return _LAUNCH
-
-
-_LAUNCH = None
+_launch = lazy_module("flashtile.kernels.launch")  # imports every kernel builder's dependencies
 
 
 def _require(q, k, v, forward_only: bool = False) -> None:

@@ -54,7 +54,9 @@ from typing import NamedTuple
 
 import tilelang
 import tilelang.language as T
+import torch
 
+from . import debug, launch, target
 from .masks import TileMask, host_window
 from .seqinfo import Sequence
 from .softmax import LOG2E, online_softmax, tile_fragments
@@ -538,10 +540,6 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     (NP, page, Hkv, D) with ``block_table``, in q's dtype or float8_e4m3fn with ``k_descale`` /
     ``v_descale`` float32 (B, Hkv); ``seqlens_k`` int32 (B,) keys per entry after the append.
     Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
-    import torch
-
-    from . import debug, launch
-
     reason = unsupported_reason(q, k_cache, v_cache)
     if reason is not None:
         raise NotImplementedError(f"flash_attn_with_kvcache: no CUDA kernel for {reason}")
@@ -570,7 +568,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     capacity = k_cache.shape[1] * table.shape[1]
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.
-    num_splits = split_count(num_splits, b * hkv * row_tiles, -(-capacity // sched.cfg["block_n"]), launch.sm_count(dev),
+    num_splits = split_count(num_splits, b * hkv * row_tiles, -(-capacity // sched.cfg["block_n"]), target.sm_count(dev),
                              sched, b * sq * h * dv)
     sinks32 = sinks.float().contiguous() if sinks is not None else launch.placeholder((h,), dev)
     if softcap > 0:
@@ -614,23 +612,15 @@ def int32_constant(kind: str, n, device):
     of a B = 1 step: NOTES) and pays no allocation or slice on the host.  One first asked for
     during graph capture is made fresh: a tensor filled inside a capture holds its values only
     once the graph replays."""
-    import torch
-
-    from .launch import constant
-
-    return constant(kind, n if type(n) is tuple else (n,), torch.int32, device)
+    return launch.constant(kind, n if type(n) is tuple else (n,), torch.int32, device)
 
 
 def unsupported_reason(q, k_cache, v_cache):
     """Why no decode kernel runs this call, or None."""
-    import torch
-
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} (kernels take float16 and bfloat16; use CPU tensors for others)"
     if k_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
         return f"a {k_cache.dtype} cache with {q.dtype} queries (kernels take q's dtype or float8_e4m3fn)"
-    from . import target
-
     major, minor = target.capability(q.device)
     if major != 9:
         return f"GPU sm_{major}{minor} (the decode kernel is built for Hopper, sm_90)"

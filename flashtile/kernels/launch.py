@@ -111,27 +111,10 @@ def memo(key: tuple, make):
     return value
 
 
-_SM_COUNTS: dict = {}
-
-
-def sm_count(device) -> int:
-    """``target.sm_count`` once per device (``torch.cuda.get_device_properties`` costs a few
-    microseconds of Python per call)."""
-    n = _SM_COUNTS.get(device)
-    if n is None:
-        n = _SM_COUNTS[device] = target.sm_count(device)
-    return n
-
-
-_DTYPE_NAMES: dict = {}
-
-
+@functools.cache
 def dtype_name(dtype: torch.dtype) -> str:
     """``"bfloat16"`` for ``torch.bfloat16``: the builders' dtype string, made once per dtype."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
+    return str(dtype).removeprefix("torch.")
 
 
 def _memoised(structure):
@@ -208,7 +191,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         return out, lse
     short = packed is None and fp8 is None and configs.short_forward(d, dv, q.shape[1], sk)
     kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                            sm_count(q.device), dtype_name(out_dtype), short)
+                            target.sm_count(q.device), dtype_name(out_dtype), short)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
         v = launch_transpose_v(v, packed)
@@ -304,7 +287,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
         return dq, dk, dv, dsinks
 
     varlen = packed is not None
-    num_sms = sm_count(q.device)
+    num_sms = target.sm_count(q.device)
     prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
                                              num_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
