@@ -1,6 +1,6 @@
 """Where the host time of one small attention call goes (developer tool, run on the device).
 
-    python3 benchmarks/launch_overhead.py [--profile]
+    python3 benchmarks/launch_overhead.py [--profile] [--trace]
 
 Times, per call, on a tiny input where the GPU work is a few microseconds, so the figure is
 host time: each layer from ``flash_attn_func`` down to TileLang's compiled host function.
@@ -35,7 +35,9 @@ def per_call_us(fn, n=400):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile of the Python layers")
+    ap.add_argument("--trace", action="store_true",
+                    help="torch.profiler per call: the ATen ops and CUDA kernels each call launches")
     args = ap.parse_args()
     b, s, h, d = 1, 128, 4, 64
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -85,6 +87,22 @@ def main():
             print(f"{per_call_us(fn):9.1f} us  {name}", flush=True)
         except Exception as e:  # report and keep going: this is a measurement tool
             print(f"   failed  {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    if args.trace:
+        from torch.profiler import ProfilerActivity, profile
+
+        named = dict(rows)
+        for name in ("flash_attn_func + backward (autograd.grad)", "flash_attn_with_kvcache, no new tokens",
+                     "flash_attn_with_kvcache, append 1 token"):
+            fn = named[name]
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    fn()
+                torch.cuda.synchronize()
+            print(f"--- trace: {name} (20 calls)")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
     if args.profile:
         for what, inputs in (("no grad", (q, k, v)), ("requires_grad", (qg, kg, vg))):
             print(f"--- profile: flash_attn_func, {what}")

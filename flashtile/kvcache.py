@@ -292,6 +292,13 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tabl
 
 
 _decode = lazy_module("flashtile.kernels.decode")  # imports TileLang: a CPU-only user never does
+_append = lazy_module("flashtile.kernels.append")
+
+
+def _append_kernel_runs(k_cache, k) -> bool:
+    """The append runs as one kernel (``kernels/append.py``): a CUDA cache with 16-bit new
+    tokens.  Anything else (CPU, float32) takes ``append_kv``'s tensor ops."""
+    return k_cache.is_cuda and k.dtype in (torch.float16, torch.bfloat16)
 
 
 def _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks, softmax_scale,
@@ -327,9 +334,13 @@ def kvcache_append(
     k_descale: Optional[Tensor],
     v_descale: Optional[Tensor],
 ) -> None:
-    """Write k/v into the caches in place at ``cache_seqlens`` (``append_kv``)."""
+    """Write k/v into the caches in place at ``cache_seqlens`` (``append_kv``; on CUDA its kernel)."""
     with torch.no_grad():
-        append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
+        if _append_kernel_runs(k_cache, k):
+            _append().launch_append(k, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale,
+                                    v_descale, None, None, False, False)
+        else:
+            append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
 
 
 @kvcache_append.register_fake
@@ -449,13 +460,26 @@ def flash_attn_with_kvcache(
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, sinks,
                k_descale, v_descale)
     direct = ops.eager_route(q.device, *tensors) == "impl"
+    per_token = left >= 0 or right >= 0
     with torch.no_grad():
+        if direct and snew and _append_kernel_runs(k_cache, k):
+            # One launch for rotary, the append and the new lengths (eager CUDA: the tensor ops
+            # below are a dozen launches, ~60 us of host time per step on an H100's host).  The
+            # decode kernel's unsupported cases are refused first: nothing is appended then.
+            reason = _decode().unsupported_reason(q, k_cache, v_cache)
+            if reason is not None:
+                raise NotImplementedError(f"{FN}: no CUDA kernel for {reason}")
+            q, seqlens_k = _append().launch_append(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                                                   block_table, k_descale, v_descale, rotary_cos, rotary_sin,
+                                                   rotary_interleaved, per_token)
+            out, lse = _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                               float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
+            return (out, lse) if return_lse else out
         if rotary_cos is not None:
             # q at cache_seqlens + t when causal or local, else every token at cache_seqlens;
             # the new keys at cache_seqlens + i (flash-attn's convention).  fp32 math.
             sq = q.shape[1]
             base = cache_seqlens.long()[:, None]
-            per_token = left >= 0 or right >= 0
             steps = torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device)
             q = apply_rotary(q, rotary_cos, rotary_sin, base + steps, rotary_interleaved)
             k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)

@@ -249,6 +249,51 @@ def test_kernel_matches_reference(c: C):
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"{name} differs after the append"
 
 
+APPEND_CASES = [c for c in GRID if c.snew and (c.rotary or c.fp8 or c.batch_idx or c.page == 1)] + [
+    C(batch=3, length=300, sq=2, snew=3, rotary="halves", fp8=True, page=16, h=32, hkv=8),
+    C(batch=2, length=500, sq=4, snew=4, rotary="inter", fp8=True, batch_idx=True, causal=False, d=64, dv=64),
+]
+
+
+def _bits(t):
+    """The tensor's bits (NaN payloads included), for a bitwise comparison."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)
+
+
+@pytest.mark.parametrize("cos32", [False, True], ids=["cos-qdtype", "cos-fp32"])
+@pytest.mark.parametrize("c", APPEND_CASES, ids=lambda c: c.id)
+def test_append_kernel_bitwise_equals_tensor_ops(c: C, cos32: bool):
+    """The one-launch append (kernels/append.py: rotary, quantization, page lookup) against the
+    tensor ops it replaces (kvcache.apply_rotary, append_kv) on the same GPU: the caches equal
+    bit for bit, and the output equals a decode over the tensor ops' rotated q."""
+    from flashtile.kvcache import append_kv, apply_rotary
+
+    if cos32 and not c.rotary:
+        pytest.skip("no rotary")
+    q, kw, sinks = make_inputs(c)
+    if cos32:
+        kw["rotary_cos"], kw["rotary_sin"] = kw["rotary_cos"].float(), kw["rotary_sin"].float()
+    ref = {k: v.clone() for k, v in kw.items()}
+    args = dict(causal=c.causal, window_size=c.window, softcap=c.softcap, return_lse=True)
+    inter = c.rotary != "halves"
+    out, lse = flash_attn_with_kvcache(q, sinks=sinks, num_splits=c.splits, rotary_interleaved=inter, **kw, **args)
+    k, v, seq = ref.pop("k"), ref.pop("v"), ref["cache_seqlens"]
+    cos, sin = ref.pop("rotary_cos", None), ref.pop("rotary_sin", None)
+    q_ref = q
+    if cos is not None:
+        base = seq.long()[:, None]
+        steps = torch.arange(c.sq, device="cuda") if c.causal or c.window != (-1, -1) else torch.zeros(c.sq, dtype=torch.long, device="cuda")
+        q_ref = apply_rotary(q, cos, sin, base + steps, inter)
+        k = apply_rotary(k, cos, sin, base + torch.arange(c.snew, device="cuda"), inter)
+    append_kv(ref["k_cache"], ref["v_cache"], k, v, seq, ref.get("cache_batch_idx"), ref.get("block_table"),
+              ref.get("k_descale"), ref.get("v_descale"))
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(_bits(kw[name]), _bits(ref[name])), f"{name} differs from the tensor ops' append"
+    ref["cache_seqlens"] = seq + c.snew
+    out_ref, lse_ref = flash_attn_with_kvcache(q_ref, sinks=sinks, num_splits=c.splits, **ref, **args)
+    assert torch.equal(out, out_ref) and torch.equal(lse, lse_ref), "output differs: the rotated q is not the tensor ops'"
+
+
 def test_splits_agree():
     """The same call with 1, 3 and 16 splits: the same output up to fp32 reassociation."""
     c = C(batch=2, length=4000, sq=4, snew=0, page=16, h=32, hkv=8)

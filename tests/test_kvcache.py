@@ -488,6 +488,23 @@ def test_build_decode(d, dv, dtype, sinks, softcap):
     assert "__launch_bounds__(" in combine.get_kernel_source()
 
 
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("cache_dtype", ["bfloat16", "float8_e4m3fn"])
+def test_build_append(cache_dtype):
+    """The append kernel (kernels/append.py) must equal the reference's tensor ops bit for bit:
+    every rotary and quantization step a correctly rounded fp32 operation (fast math would fuse
+    the products into FMAs and approximate the division), FP8 by a saturating conversion."""
+    from flashtile.kernels.append import get_append_kernels
+
+    for kernel in get_append_kernels(128, 128, "bfloat16", cache_dtype):
+        src = kernel.get_kernel_source()
+        for name in ("int B", "int Hkv", "int page_size", "int snew", "int rotary_dim", "int interleaved"):
+            assert name in src, f"{name} should be a runtime argument"
+        assert "__fsub_rn(__fmul_rn(" in src and "__fadd_rn(__fmul_rn(" in src, "rotary not in rounded fp32 steps"
+        assert ("__fdiv_rn(" in src) == (cache_dtype != "bfloat16"), "FP8 quantization should divide exactly"
+
+
 def test_unused_block_table_entries_may_hold_anything(gen):
     """Pages past a sequence's end are never read: -1 there (as some servers pad) is fine."""
     q, kw = make_case(batch=2, sq=1, snew=1, page=4, capacity=40, seqlens=torch.tensor([5, 9]), gen=gen)

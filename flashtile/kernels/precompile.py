@@ -22,8 +22,8 @@ FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, 
 
 # bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches;
 # fwd8: the FP8 forward (float8_e4m3fn q, k, v; ``--dtype`` is then the output's dtype);
-# decode: the KV-cache split-KV decode kernel and its combine kernel; decode-fp8: the same over a
-# float8_e4m3fn cache.
+# decode: the KV-cache split-KV decode kernel, its combine kernel and the append kernels;
+# decode-fp8: the same over a float8_e4m3fn cache.
 PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "fwd8", "vfwd8", "decode",
           "decode-fp8")
 
@@ -59,8 +59,11 @@ def build(p: str, kwargs: dict) -> str:
     from .launch import backward_kernels, forward_kernel
 
     t = time.time()
-    if p.startswith("decode"):
+    if p.startswith("decode"):  # the decode kernels and the KV-cache append kernels
+        from .append import get_append_kernels
+
         get_decode_kernels(**kwargs)
+        get_append_kernels(kwargs["dim"], kwargs["dim_v"], kwargs["dtype"], kwargs.get("cache_dtype"))
     elif "fwd8" in p:  # the FP8 forward and its V^T pre-pass
         from .transpose_v import get_kernel
 
