@@ -225,22 +225,32 @@ def decode_ws_kernel(
                                T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
 
     @T.macro
-    def tma_issue(K, V, k_ring, v_ring, raw_full, BlockTable, tile, st, kb, page_size, page_shift, box):
-        """Key block ``kb`` of K and V by TMA, as ``block_n // box`` boxes of ``box``
-        cache rows each (a box's keys sit on one page: the kernel takes this path only for page
-        sizes that are multiples of ``box``, or a contiguous cache), into raw stage
-        ``st``, completing ``raw_full[st]`` with their bytes.  Rows past the entry's
-        keys (or before its left padding) are read too, and zeroed by ``widen_mine``.  A box
-        that starts past the entry's last key holds no key of it: its page is looked up at the
-        last key instead, so the block table is never read past the entry's last page (the
-        last 64-key block of a sequence can reach three 16-row pages past it)."""
+    def tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box):
+        """The first cache row of each ``box``-row TMA box of key block ``kb`` into registers
+        ``rows_r`` (a box's keys sit on one page: the kernel takes this path only for page
+        sizes that are multiples of ``box``, or a contiguous cache).  A box that starts past the
+        entry's last key holds no key of it: its page is looked up at the last key instead, so
+        the block table is never read past the entry's last page (the last 64-key block of a
+        sequence can reach three 16-row pages past it).  Run before the producer waits for the
+        stage, so the table loads' round trip overlaps the wait instead of delaying the copies
+        (with pages of 16 rows, four dependent loads per block)."""
         n0 = T.alloc_var(T.int32, init=kb * block_n)
         for t in T.unroll(block_n // box):
             start = T.alloc_var(T.int32, init=T.min(n0 + t * box, tile.seqlen_k - 1))
             pg = T.alloc_var(T.int32, init=cache_page(start, page_size, page_shift))
-            row0 = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, start, pg, page_size))
-            T.tma_copy(K[row0:row0 + box, tile.hk, :], k_ring[st, t * box:(t + 1) * box, :], barrier=raw_full[st])
-            T.tma_copy(V[row0:row0 + box, tile.hk, :], v_ring[st, t * box:(t + 1) * box, :], barrier=raw_full[st])
+            rows_r[t] = cache_row(BlockTable, tile.b, start, pg, page_size)
+
+    @T.macro
+    def tma_issue(K, V, k_ring, v_ring, raw_full, rows_r, tile, st, box):
+        """Key block of K and V by TMA, as ``block_n // box`` boxes of ``box`` cache rows from
+        ``rows_r`` (``tma_rows``), into raw stage ``st``, completing ``raw_full[st]`` with
+        their bytes.  Rows past the entry's keys (or before its left padding) are read too,
+        and zeroed by ``widen_mine``."""
+        for t in T.unroll(block_n // box):
+            T.tma_copy(K[rows_r[t]:rows_r[t] + box, tile.hk, :], k_ring[st, t * box:(t + 1) * box, :],
+                       barrier=raw_full[st])
+            T.tma_copy(V[rows_r[t]:rows_r[t] + box, tile.hk, :], v_ring[st, t * box:(t + 1) * box, :],
+                       barrier=raw_full[st])
         T.barrier_arrive(raw_full[st])
 
     @T.macro
@@ -288,19 +298,25 @@ def decode_ws_kernel(
         boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)  A 16-bit
         cache: rows looked up, then warp-coalesced cp.async (``fetch``)."""
         u = T.alloc_var(T.int32, init=0)  # blocks issued so far (``fetch``'s row-table buffer)
+        rows_r = T.alloc_local([block_n // box], T.int32)  # the next block's TMA box rows (``tma_rows``)
         for i in T.serial(counts[0]):
             for w, count in enumerate(counts):  # unrolled in Python (TileLang turns ``range`` into a loop)
                 if i < count:
                     st = stage(w, i)
                     kb = T.alloc_var(T.int32, init=tile.kb_first + w * tile.per_split + i)
+                    if widen:  # the table lookups before the wait
+                        if T.Or(page_shift == 31, page_size % block_n == 0):  # one TMA box per block
+                            tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
+                        elif box < block_n and page_size % box == 0:  # boxes of ``box`` rows
+                            tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
                     T.barrier_wait(empty[st], phase(i) ^ 1)  # a fresh barrier passes parity 1
                     if not widen:
                         fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
                         T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
                     elif T.Or(page_shift == 31, page_size % block_n == 0):
-                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, st, kb, page_size, page_shift, block_n)
+                        tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
                     elif box < block_n and page_size % box == 0:
-                        tma_issue(K, V, k_ring, v_ring, full, BlockTable, tile, st, kb, page_size, page_shift, box)
+                        tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
                     else:
                         issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
                         T.cp_async_barrier_noinc(full[st])
