@@ -3,6 +3,7 @@
     python3 benchmarks/decode_sweep.py --variants chunk_blocks=32 chunk_blocks=64
     python3 benchmarks/decode_sweep.py --fp8 --variants num_stages=4 num_stages=3
     python3 benchmarks/decode_sweep.py --variants num_splits=0 num_splits=33 --cases 1:131072:1:contig
+    python3 benchmarks/decode_sweep.py --variants ws16=0 ws16=1 ws16=1,consumers=3
 
 Each variant (``decode.CFG_OVERRIDE``: parameters of whichever schedule runs, ``decode_kernel``
 for a bf16 cache, ``decode_ws.decode_ws_kernel`` with ``--fp8``) times flash_attn_with_kvcache
@@ -11,7 +12,8 @@ graph-replayed on the cases (``B:L:sq:layout``, the shapes of flashtile/bench_de
 the output against the first variant's and prints µs, % of the read bandwidth measured in the
 same run, and (``--fp8``) the speed-up over the bf16 cache.  ``--precompile`` builds the
 variants (no GPU needed).  ``num_splits`` is not a tile parameter but the call's own argument
-(0: the launcher's choice), so it varies without a new kernel.
+(0: the launcher's choice), so it varies without a new kernel.  ``ws16=1`` sends a 16-bit
+cache through ``decode_ws``'s schedule (``decode.WS_16BIT``) for that variant.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ def parse(v: str) -> dict:
 
 
 def tiles(variant: dict) -> dict | None:
-    """A variant's tile parameters (``decode.CFG_OVERRIDE``): all but ``num_splits``."""
-    return {k: x for k, x in variant.items() if k != "num_splits"} or None
+    """A variant's tile parameters (``decode.CFG_OVERRIDE``): all but ``num_splits`` and ``ws16``."""
+    return {k: x for k, x in variant.items() if k not in ("num_splits", "ws16")} or None
 
 
 def main(argv=None) -> int:
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     cache_dtype = "float8_e4m3fn" if args.fp8 else None
     if args.precompile:
         for v in variants:
-            dm.CFG_OVERRIDE = tiles(v)
+            dm.CFG_OVERRIDE, dm.WS_16BIT = tiles(v), bool(v.get("ws16", 0))
             dm.get_decode_kernels(128, 128, "bfloat16", False, False, cache_dtype)
         return 0
     from flashtile import flash_attn_with_kvcache
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
         nbytes = 2 * B * L * HKV * D * kc.element_size()
         ref = None
         for v in variants:
-            dm.CFG_OVERRIDE = tiles(v)
+            dm.CFG_OVERRIDE, dm.WS_16BIT = tiles(v), bool(v.get("ws16", 0))
             splits = v.get("num_splits", 0)
             call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
                                                    num_splits=splits, **kw)
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
             vs = f" {t16 / t:5.2f}x bf16 cache" if t16 else ""
             print(f"{case:>18} {str(v):56s} {t * 1e6:8.1f} us {100 * nbytes / t / bw:5.1f} %bw{vs}  diff {diff:.1e}",
                   flush=True)
-        dm.CFG_OVERRIDE = None
+        dm.CFG_OVERRIDE, dm.WS_16BIT = None, False
         del kc, vc, kcache, vcache
     return 0
 

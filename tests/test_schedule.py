@@ -6,6 +6,7 @@ evaluates here, so the permutation is checked on CPU for awkward sizes (a short 
 one row, one block, groups larger than the grid).
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -149,10 +150,12 @@ def test_packed_statistics_padding_covers_every_query_block(lens):
 @pytest.mark.parametrize("d,dv,sq,sk,short", [
     (64, 64, 1024, 1024, True), (64, 64, 1, 513, True), (64, 64, 1025, 512, False), (64, 64, 300, 2100, False),
     (48, 48, 512, 512, False), (64, 32, 512, 512, False), (128, 128, 512, 512, False),
+    (256, 256, 512, 512, True), (256, 256, 1024, 7, True), (256, 256, 1024, 1025, False), (192, 128, 512, 512, False),
 ])
-def test_short_d64_forwards_take_the_persistent_128_row_tiles(d, dv, sq, sk, short):
-    """``configs.short_forward``: d = 64 with both lengths <= 1024 runs the d=128 row's persistent
-    128-row pairs (a second compiled kernel, which precompile builds beside the one-tile one)."""
+def test_short_forwards_take_their_own_tiles(d, dv, sq, sk, short):
+    """``configs.short_forward``: d = 64 and d = 256 with both lengths <= 1024 run a second
+    compiled kernel, which precompile builds beside the long one: d = 64 the d=128 row's
+    persistent 128-row pairs, d = 256 64-key blocks instead of 80."""
     from flashtile.kernels import precompile
 
     assert configs.short_forward(d, dv, sq, sk) is short
@@ -160,5 +163,7 @@ def test_short_d64_forwards_take_the_persistent_128_row_tiles(d, dv, sq, sk, sho
         cfg = configs.fwd_config(64, 64, "bfloat16", kind, short=True)
         assert cfg == configs.fwd_config(128, 128, "bfloat16", kind) and cfg.tiles_per_cta == 0, cfg
         assert configs.fwd_config(64, 64, "bfloat16", kind).block_m == 192
+        long, short_cfg = configs.fwd_config(256, 256, "bfloat16", kind), configs.fwd_config(256, 256, "bfloat16", kind, short=True)
+        assert (long.block_n, short_cfg.block_n) == (80, 64) and dataclasses.replace(short_cfg, block_n=80) == long, short_cfg
     built = [kw.get("short", False) for p, kw in precompile.structures([(d, dv)], ["bfloat16"], ["plain"], ["fwd", "vfwd"])]
-    assert built == ([False, True, False] if (d, dv) == (64, 64) else [False, False]), built
+    assert built == ([False, True, False] if (d, dv) in ((64, 64), (256, 256)) else [False, False]), built

@@ -125,16 +125,24 @@ SHORT_SEQLEN = 1024
 
 def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether a dense forward takes the short-sequence row of ``fwd_config`` (a runtime choice
-    between two compiled kernels): d = 64 with both lengths <= ``SHORT_SEQLEN``.  Such tiles
-    see at most 8 key blocks, too few to amortise a one-tile CTA's launch, Q load and epilogue
-    (29% of the warp samples at 1k causal: NOTES, eleventh session), so they run the d=128
-    row's persistent pairs of 128-row tiles instead of one 192-row tile per CTA.  H100
-    (``h100-2026-11-27b/c1``: ``tune.py fwd --headdim 64``, bf16, 16k tokens x 32 heads; ms,
+    between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN``.
+
+    d = 64: such tiles see at most 8 key blocks, too few to amortise a one-tile CTA's launch, Q
+    load and epilogue (29% of the warp samples at 1k causal: NOTES, eleventh session), so they
+    run the d=128 row's persistent pairs of 128-row tiles instead of one 192-row tile per CTA.
+    H100 (``h100-2026-11-27b/c1``: ``tune.py fwd --headdim 64``, bf16, 16k tokens x 32 heads; ms,
     192-row tile / 128-row persistent, two rounds): 512 full 0.252 / 0.224-0.229, causal
     0.248 / 0.185; 1k full 0.404 / 0.394-0.396, causal 0.309 / 0.262-0.264; 2k full 0.660 /
-    0.724 (worse), causal 0.422 / 0.426 (equal): hence the bound.  Head dims below 64 (zero-padded
-    to 16, 32 or 48) keep the one-tile kernel: the persistent one is not tested there."""
-    return dim == dim_v == 64 and seqlen_q <= SHORT_SEQLEN and seqlen_k <= SHORT_SEQLEN
+    0.724 (worse), causal 0.422 / 0.426 (equal): hence the bound.
+
+    d = 256: 64-key blocks instead of 80 (a shorter first block before the pipeline runs; 80
+    keys win from 2k up).  H100 (``h100-2026-11-27c/e``, ratio to cuDNN, two rounds, 128x80 /
+    128x64): 512 full 0.840-0.847 / 0.868-0.891, causal 0.845-0.848 / 0.876-0.883; 1k full
+    0.891-0.903 / 0.888-0.890, causal 0.829-0.835 / 0.852-0.858.
+
+    Head dims below 64 (zero-padded to 16, 32 or 48) and 192/128 keep their one kernel: the
+    short rows are not measured there."""
+    return (dim == dim_v == 64 or dim == dim_v == 256) and seqlen_q <= SHORT_SEQLEN and seqlen_k <= SHORT_SEQLEN
 
 
 def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool = False,
@@ -154,8 +162,10 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
 
         return replace(fwd_config(dim, dim_v, dtype, kind), tiles_per_cta=1)
     widest = max(dim, dim_v)
-    if short:
+    if short and widest <= 64:
         return fwd_config(128, 128, dtype, kind)  # the persistent 128-row pairs (``short_forward``)
+    if short:  # d = 256 (``short_forward``): the long row's schedule with 64-key blocks
+        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True)
     if widest <= 64:
         # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short
         # d=64 GEMMs), hand-written with pingpong turns.  H100 (h100-2026-11-22/fwd-pingpong):
