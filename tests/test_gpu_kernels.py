@@ -54,7 +54,7 @@ MASKS = {
     "causal+win(256)": (True, (256, -1)),
 }
 SEQLENS = [(1, 1), (17, 113), (113, 203), (239, 1), (1023, 1024), (1024, 1023), (4224, 4224),
-           (513, 700), (1025, 1030), (300, 2100)]  # the last three: d=64 on both sides of configs.SHORT_SEQLEN
+           (513, 700), (1025, 1030), (300, 2100)]  # the last three: d=64 on both sides of configs.SHORT_SEQLEN[64]
 HEADDIMS = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)]
 # Head dims no kernel is built for, run on zero-padded copies (d=40 as in Stable Diffusion).
 PADDED_HEADDIMS = [(40, 40, FP16), (200, 100, BF16)]
@@ -134,7 +134,7 @@ GRID = [
     G(113, 203, 256, 256, 4, 4, "causal+win(256)", BF16, batch=2),
     G(1023, 1024, 256, 256, 4, 4, "win(127,0)", FP16),
     G(239, 1, 256, 256, 4, 1, "win(64,64)", BF16, batch=2),
-    # up to 1024 keys and queries d=256 takes 64-key blocks (configs.short_forward), past it 80
+    # d=256 takes 64-key blocks up to 512 keys and queries (configs.short_forward), 80 past it
     G(1025, 1030, 256, 256, 8, 2, "causal", FP16, batch=2),
     # head dims no kernel is built for: zero-padded (forward 48 and 208/112, backward 64 and 224/128)
     G(113, 203, 40, 40, 8, 2, "causal", FP16, batch=2),

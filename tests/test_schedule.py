@@ -150,11 +150,12 @@ def test_packed_statistics_padding_covers_every_query_block(lens):
 @pytest.mark.parametrize("d,dv,sq,sk,short", [
     (64, 64, 1024, 1024, True), (64, 64, 1, 513, True), (64, 64, 1025, 512, False), (64, 64, 300, 2100, False),
     (48, 48, 512, 512, False), (64, 32, 512, 512, False), (128, 128, 512, 512, False),
-    (256, 256, 512, 512, True), (256, 256, 1024, 7, True), (256, 256, 1024, 1025, False), (192, 128, 512, 512, False),
+    (256, 256, 512, 512, True), (256, 256, 1, 7, True), (256, 256, 513, 512, False), (256, 256, 1024, 1023, False),
+    (192, 128, 512, 512, False),
 ])
 def test_short_forwards_take_their_own_tiles(d, dv, sq, sk, short):
-    """``configs.short_forward``: d = 64 and d = 256 with both lengths <= 1024 run a second
-    compiled kernel, which precompile builds beside the long one: d = 64 the d=128 row's
+    """``configs.short_forward``: d = 64 with both lengths <= 1024 and d = 256 with both <= 512
+    run a second compiled kernel, which precompile builds beside the long one: d = 64 the d=128 row's
     persistent 128-row pairs, d = 256 64-key blocks instead of 80."""
     from flashtile.kernels import precompile
 

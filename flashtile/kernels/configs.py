@@ -119,13 +119,14 @@ def mask_kind(window: tuple[int, int]) -> str:
     return "full" if window == (-1, -1) else "local"
 
 
-# Dense forwards whose query and key lengths are both at most this take ``short_forward``'s tiles.
-SHORT_SEQLEN = 1024
+# Dense forwards whose query and key lengths are both at most this (per head dim) take
+# ``short_forward``'s tiles.
+SHORT_SEQLEN = {64: 1024, 256: 512}
 
 
 def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether a dense forward takes the short-sequence row of ``fwd_config`` (a runtime choice
-    between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN``.
+    between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN[d]``.
 
     d = 64: such tiles see at most 8 key blocks, too few to amortise a one-tile CTA's launch, Q
     load and epilogue (29% of the warp samples at 1k causal: NOTES, eleventh session), so they
@@ -135,14 +136,15 @@ def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int) -> bool:
     0.248 / 0.185; 1k full 0.404 / 0.394-0.396, causal 0.309 / 0.262-0.264; 2k full 0.660 /
     0.724 (worse), causal 0.422 / 0.426 (equal): hence the bound.
 
-    d = 256: 64-key blocks instead of 80 (a shorter first block before the pipeline runs; 80
-    keys win from 2k up).  H100 (``h100-2026-11-27c/e``, ratio to cuDNN, two rounds, 128x80 /
-    128x64): 512 full 0.840-0.847 / 0.868-0.891, causal 0.845-0.848 / 0.876-0.883; 1k full
-    0.891-0.903 / 0.888-0.890, causal 0.829-0.835 / 0.852-0.858.
+    d = 256: 64-key blocks instead of 80.  H100 (``h100-2026-11-27c/tune_final.txt``, ratio to
+    cuDNN, three rounds, 128x80 / 128x64): 512 full 0.841-0.858 / 0.866-0.870, causal
+    0.854-0.858 / 0.874-0.878; 1k full 0.897-0.918 / 0.885-0.904 (worse), causal 0.836-0.858 /
+    0.853-0.862 (better); 2k full 0.913-0.971 / 0.886-0.908: hence 512.
 
     Head dims below 64 (zero-padded to 16, 32 or 48) and 192/128 keep their one kernel: the
     short rows are not measured there."""
-    return (dim == dim_v == 64 or dim == dim_v == 256) and seqlen_q <= SHORT_SEQLEN and seqlen_k <= SHORT_SEQLEN
+    bound = SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
+    return seqlen_q <= bound and seqlen_k <= bound
 
 
 def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool = False,
