@@ -19,6 +19,7 @@ import torch
 import flashtile
 from flashtile.kernels import debug
 from flashtile.kernels import launch as fwd
+from flashtile.kernels import backward as kernels_backward
 from flashtile.kernels import forward as kernels_forward
 
 
@@ -51,6 +52,7 @@ def main():
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     dout = torch.randn_like(q)
     cu = torch.tensor([0, 64, 128], dtype=torch.int32, device="cuda")
+    out_fwd, lse_fwd = kernels_forward(q, k, v, None, 0.125, (-1, -1), 0.0)
     rows = [
         ("torch.empty x2 (allocation floor)", lambda: (torch.empty_like(q), torch.empty(b, h, s, device="cuda"))),
         ("tvm-ffi executable(*args)", lambda: exe(*args_)),
@@ -61,6 +63,7 @@ def main():
         ("flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),
         ("flash_attn_func, requires_grad", lambda: flashtile.flash_attn_func(qg, kg, vg)),
         ("flash_attn_func + backward (autograd.grad)", lambda: torch.autograd.grad(flashtile.flash_attn_func(qg, kg, vg), (qg, kg, vg), dout)),
+        ("kernels.backward (launchers only)", lambda: kernels_backward(dout, None, q, k, v, out_fwd, lse_fwd, None, 0.125, (-1, -1), 0.0, False)),
         ("flash_attn_varlen_func, no grad (2 x 64 tokens)", lambda: flashtile.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 64, 64)),
         ("torch SDPA (flash backend), no grad", lambda: torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))),
         ("torch SDPA (flash backend) + backward", lambda: torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
@@ -91,7 +94,8 @@ def main():
         from torch.profiler import ProfilerActivity, profile
 
         named = dict(rows)
-        for name in ("flash_attn_func + backward (autograd.grad)", "flash_attn_with_kvcache, no new tokens",
+        for name in ("flash_attn_func + backward (autograd.grad)", "kernels.backward (launchers only)",
+                     "flash_attn_with_kvcache, no new tokens",
                      "flash_attn_with_kvcache, append 1 token"):
             fn = named[name]
             for _ in range(5):
@@ -113,6 +117,14 @@ def main():
             prof.disable()
             torch.cuda.synchronize()
             pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+        print("--- profile: kernels.backward")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(300):
+            kernels_backward(dout, None, q, k, v, out_fwd, lse_fwd, None, 0.125, (-1, -1), 0.0, False)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
         print("--- profile: flash_attn_with_kvcache, no new tokens")
         prof = cProfile.Profile()
         prof.enable()
