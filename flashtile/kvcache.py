@@ -293,12 +293,14 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tabl
 
 _decode = lazy_module("flashtile.kernels.decode")  # imports TileLang: a CPU-only user never does
 _append = lazy_module("flashtile.kernels.append")
+_target = lazy_module("flashtile.kernels.target")
 
 
 def _append_kernel_runs(k_cache, k) -> bool:
-    """The append runs as one kernel (``kernels/append.py``): a CUDA cache with 16-bit new
-    tokens.  Anything else (CPU, float32) takes ``append_kv``'s tensor ops."""
-    return k_cache.is_cuda and k.dtype in (torch.float16, torch.bfloat16)
+    """The append runs as one kernel (``kernels/append.py``, built for Hopper): a CUDA cache on
+    an sm_90 GPU with 16-bit new tokens.  Anything else (CPU, float32, other GPUs) takes
+    ``append_kv``'s tensor ops."""
+    return k_cache.is_cuda and k.dtype in (torch.float16, torch.bfloat16) and _target().capability(k_cache.device)[0] == 9
 
 
 def _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks, softmax_scale,
@@ -337,8 +339,8 @@ def kvcache_append(
     """Write k/v into the caches in place at ``cache_seqlens`` (``append_kv``; on CUDA its kernel)."""
     with torch.no_grad():
         if _append_kernel_runs(k_cache, k):
-            _append().launch_append(k, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale,
-                                    v_descale, None, None, False, False)
+            _append().launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale,
+                                    v_descale)
         else:
             append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
 
@@ -469,24 +471,22 @@ def flash_attn_with_kvcache(
             reason = _decode().unsupported_reason(q, k_cache, v_cache)
             if reason is not None:
                 raise NotImplementedError(f"{FN}: no CUDA kernel for {reason}")
-            q, seqlens_k = _append().launch_append(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
-                                                   block_table, k_descale, v_descale, rotary_cos, rotary_sin,
-                                                   rotary_interleaved, per_token)
-            out, lse = _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
-                               float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
-            return (out, lse) if return_lse else out
-        if rotary_cos is not None:
-            # q at cache_seqlens + t when causal or local, else every token at cache_seqlens;
-            # the new keys at cache_seqlens + i (flash-attn's convention).  fp32 math.
-            sq = q.shape[1]
-            base = cache_seqlens.long()[:, None]
-            steps = torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device)
-            q = apply_rotary(q, rotary_cos, rotary_sin, base + steps, rotary_interleaved)
-            k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)
-        if snew:
-            append = append_kv if direct else kvcache_append
-            append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
-        seqlens_k = cache_seqlens + snew if snew else cache_seqlens
+            q, seqlens_k = _append().launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                                                   k_descale, v_descale, q, rotary_cos, rotary_sin, rotary_interleaved,
+                                                   per_token)
+        else:
+            if rotary_cos is not None:
+                # q at cache_seqlens + t when causal or local, else every token at cache_seqlens;
+                # the new keys at cache_seqlens + i (flash-attn's convention).  fp32 math.
+                sq = q.shape[1]
+                base = cache_seqlens.long()[:, None]
+                steps = torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device)
+                q = apply_rotary(q, rotary_cos, rotary_sin, base + steps, rotary_interleaved)
+                k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)
+            if snew:
+                append = append_kv if direct else kvcache_append
+                append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
+            seqlens_k = cache_seqlens + snew if snew else cache_seqlens
         if direct:
             out, lse = _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
                                float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)

@@ -150,17 +150,17 @@ def append_kernel(dim: int, dim_v: int, dtype: str, cache_dtype: str, rotary_dty
     return main
 
 
-def launch_append(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale,
-                  rotary_cos, rotary_sin, rotary_interleaved: bool, per_token: bool):
-    """Append k/v (B, snew, Hkv, D / Dv) to the cache at ``cache_seqlens`` (int32 (B,)) in place,
-    with rotary on k and q when ``rotary_cos``/``rotary_sin`` (RO, rotary_dim / 2) are given.
+def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale,
+                  q=None, rotary_cos=None, rotary_sin=None, rotary_interleaved: bool = True, per_token: bool = False):
+    """Append k/v (B, snew, Hkv, D / Dv) to the cache at ``cache_seqlens`` (int32 (B,)) in place.
     Caches contiguous (B_cache, S_cache, Hkv, D) with ``cache_batch_idx`` or paged (NP, page,
     Hkv, D) with ``block_table``; FP8 caches quantize with ``k_descale``/``v_descale`` (B, Hkv).
-    Returns (q, seqlens_k): q rotated (a new tensor) or q itself, and int32 (B,) lengths after
-    the append.  Arguments are validated by the caller (``kvcache.validate``)."""
+    With ``rotary_cos``/``rotary_sin`` (RO, rotary_dim / 2), rotary on the new keys and on ``q``
+    (B, Sq, H, D).  Returns (q, seqlens_k): q rotated (a new tensor) or as given, and int32 (B,)
+    lengths after the append.  Arguments are validated by the caller (``kvcache.validate``)."""
     b, snew, hkv, d = k.shape
     dv = v.shape[-1]
-    dev = q.device
+    dev = k.device
     seqlens_k = torch.empty_like(cache_seqlens)
     if b == 0:
         return q, seqlens_k
@@ -171,30 +171,29 @@ def launch_append(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, blo
         table = cache_batch_idx.reshape(b, 1).to(torch.int32).contiguous()
     else:
         table = launch.constant("arange", (b, 1), torch.int32, dev)
-    fp8 = k_cache.dtype != q.dtype
-    dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
+    fp8 = k_cache.dtype != k.dtype
+    dtype, cache_dtype = launch.dtype_name(k.dtype), launch.dtype_name(k_cache.dtype)
     rotary_dtype = launch.dtype_name(rotary_cos.dtype) if rotary else "float32"
     kernel = launch.memo(("append", d, dv, dtype, cache_dtype, rotary_dtype),
                          lambda: _kernel(d, dv, dtype, cache_dtype, rotary_dtype))
-    sq = q.shape[1]
-    h = q.shape[2]
     if rotary:
+        sq, h = q.shape[1], q.shape[2]
         cos, sin = rotary_cos.contiguous(), rotary_sin.contiguous()
         q = q.contiguous()
         q_rot = debug.new_output(q.shape, q.dtype, dev)
         q_rows, qrot_rows = q.view(-1, h, d), q_rot.view(-1, h, d)
-    else:
+    else:  # the kernel reads neither
+        sq, q_rot = 0, q
         cos = sin = launch.placeholder((1, 1), dev)
-        q_rot = q
-        q_rows = qrot_rows = launch.constant("empty", (1, 1, d), q.dtype, dev)
+        q_rows = qrot_rows = launch.constant("empty", (1, 1, d), k.dtype, dev)
     if fp8:
         kdesc, vdesc = k_descale.float().contiguous(), v_descale.float().contiguous()
     else:
         kdesc = vdesc = launch.placeholder((b, hkv), dev)
     kernel(k.contiguous().view(-1, hkv, d), v.contiguous().view(-1, hkv, dv), k_cache.view(-1, hkv, d),
            v_cache.view(-1, hkv, dv), table, cache_seqlens.contiguous(), seqlens_k, kdesc, vdesc, q_rows, qrot_rows,
-           cos, sin, snew, sq if rotary else 0, k_cache.shape[1], 2 * cos.shape[1] if rotary else 0,
-           int(rotary_interleaved), int(per_token))
+           cos, sin, snew, sq, k_cache.shape[1], 2 * cos.shape[1] if rotary else 0, int(rotary_interleaved),
+           int(per_token))
     return q_rot, seqlens_k
 
 
