@@ -499,7 +499,7 @@ def test_build_append(cache_dtype):
 
     for kernel in get_append_kernels(128, 128, "bfloat16", cache_dtype):
         src = kernel.get_kernel_source()
-        for name in ("int B", "int Hkv", "int page_size", "int snew", "int rotary_dim", "int interleaved"):
+        for name in ("int B", "int Hkv", "int PS", "int SN", "int rotary_dim", "int interleaved"):
             assert name in src, f"{name} should be a runtime argument"
         assert "__fsub_rn(__fmul_rn(" in src and "__fadd_rn(__fmul_rn(" in src, "rotary not in rounded fp32 steps"
         assert ("__fdiv_rn(" in src) == (cache_dtype != "bfloat16"), "FP8 quantization should divide exactly"

@@ -45,30 +45,30 @@ def _rn(op: str, a, b):
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
 def append_kernel(dim: int, dim_v: int, dtype: str, cache_dtype: str, rotary_dtype: str):
-    """Kernel arguments: Knew (RK, Hkv, dim) / Vnew (RK, Hkv, dim_v) the new tokens as rows
-    ``b * snew + i``; KCache (NR, Hkv, dim) / VCache (NR, Hkv, dim_v) the cache as rows (NR =
-    pages x page_size), in ``cache_dtype``; BlockTable (B, MB) int32; Seqlens (B,) int32 tokens
-    before the append; SeqlensK (B,) int32 out; KDescale / VDescale (B, Hkv) fp32 (read for an
-    FP8 cache only); Q (RQ, H, dim) the queries as rows ``b * Sq + t`` and QRot (RQ, H, dim) out
-    (both touched only with rotary); Cos / Sin (RO, RH) in ``rotary_dtype`` (read only with
-    rotary); scalars ``snew``, ``sq_rot`` (Sq with rotary, else 0), ``page_size``,
-    ``rotary_dim`` (0: none), ``interleaved`` and ``per_token`` (0/1)."""
-    B, MB, Hkv, H, NR, RK, RQ, RO, RH = T.dynamic("B, MB, Hkv, H, NR, RK, RQ, RO, RH")
+    """Kernel arguments, the caller's tensors as they are (no views): Knew (B, snew, Hkv, dim) /
+    Vnew (B, snew, Hkv, dim_v) the new tokens; KCache (NP, page_size, Hkv, dim) / VCache (NP,
+    page_size, Hkv, dim_v) in ``cache_dtype`` (a contiguous cache: one page per cache row);
+    BlockTable (B, MB) int32; Seqlens (B,) int32 tokens before the append; SeqlensK (B,) int32
+    out; KDescale / VDescale (B, Hkv) fp32 (read for an FP8 cache only); Q (QB, Sq, H, dim) and
+    QRot out (both touched only with rotary); Cos / Sin (RO, RH) in ``rotary_dtype`` (read only
+    with rotary); scalars ``sq_rot`` (Sq with rotary, else 0), ``rotary_dim`` (0: none),
+    ``interleaved`` and ``per_token`` (0/1)."""
+    B, SN, MB, Hkv, H, NP, PS, QB, SQ, RO, RH = T.dynamic("B, SN, MB, Hkv, H, NP, PS, QB, SQ, RO, RH")
     acc = T.float32
     fp8 = "float8" in cache_dtype
 
     @T.macro
-    def rotated(X, r, h, c, pos, rotary_dim, interleaved, Cos, Sin, out):
-        """``out[0]`` = feature ``c`` of row ``(r, h)`` of ``X`` after the rotary embedding at
-        position ``pos`` (fp32, the reference's operation order), or the feature itself past
+    def rotated(X, b, t, h, c, pos, rotary_dim, interleaved, Cos, Sin, out):
+        """``out[0]`` = feature ``c`` of ``X[b, t, h]`` after the rotary embedding at position
+        ``pos`` (fp32, the reference's operation order), or the feature itself past
         ``rotary_dim``."""
-        x = T.cast(X[r, h, c], acc)
+        x = T.cast(X[b, t, h, c], acc)
         if c < rotary_dim:
             half = rotary_dim // 2
             first = T.if_then_else(interleaved == 1, c % 2 == 0, c < half)
             j = T.if_then_else(interleaved == 1, c // 2, T.if_then_else(c < half, c, c - half))
             partner = T.if_then_else(interleaved == 1, c + 1 - 2 * (c % 2), T.if_then_else(c < half, c + half, c - half))
-            xp = T.cast(X[r, h, partner], acc)
+            xp = T.cast(X[b, t, h, partner], acc)
             p = T.min(pos, RO - 1)  # lengths are checked on the host (debug switch on CUDA); never read past the table
             cs, sn = T.cast(Cos[p, j], acc), T.cast(Sin[p, j], acc)
             # first of a pair: x1 c - x2 s; second: x1 s + x2 c (x1 the pair's first)
@@ -78,35 +78,34 @@ def append_kernel(dim: int, dim_v: int, dtype: str, cache_dtype: str, rotary_dty
             out[0] = x
 
     @T.macro
-    def store(Cache, row, h, c, x, desc):
+    def store(Cache, page, off, h, c, x, desc):
         """``x`` (already in q's dtype's values) into the cache: quantized for FP8."""
         if fp8:
-            Cache[row, h, c] = T.cast(_rn("div", x, desc), cache_dtype)  # cvt.rn.satfinite: +-448
+            Cache[page, off, h, c] = T.cast(_rn("div", x, desc), cache_dtype)  # cvt.rn.satfinite: +-448
         else:
-            Cache[row, h, c] = T.cast(x, cache_dtype)
+            Cache[page, off, h, c] = T.cast(x, cache_dtype)
 
     @T.prim_func
     def main(
-        Knew: T.Tensor([RK, Hkv, dim], dtype),
-        Vnew: T.Tensor([RK, Hkv, dim_v], dtype),
-        KCache: T.Tensor([NR, Hkv, dim], cache_dtype),
-        VCache: T.Tensor([NR, Hkv, dim_v], cache_dtype),
+        Knew: T.Tensor([B, SN, Hkv, dim], dtype),
+        Vnew: T.Tensor([B, SN, Hkv, dim_v], dtype),
+        KCache: T.Tensor([NP, PS, Hkv, dim], cache_dtype),
+        VCache: T.Tensor([NP, PS, Hkv, dim_v], cache_dtype),
         BlockTable: T.Tensor([B, MB], T.int32),
         Seqlens: T.Tensor([B], T.int32),
         SeqlensK: T.Tensor([B], T.int32),
         KDescale: T.Tensor([B, Hkv], acc),
         VDescale: T.Tensor([B, Hkv], acc),
-        Q: T.Tensor([RQ, H, dim], dtype),
-        QRot: T.Tensor([RQ, H, dim], dtype),
+        Q: T.Tensor([QB, SQ, H, dim], dtype),
+        QRot: T.Tensor([QB, SQ, H, dim], dtype),
         Cos: T.Tensor([RO, RH], rotary_dtype),
         Sin: T.Tensor([RO, RH], rotary_dtype),
-        snew: T.int32,
         sq_rot: T.int32,
-        page_size: T.int32,
         rotary_dim: T.int32,
         interleaved: T.int32,
         per_token: T.int32,
     ):
+        snew = SN
         with T.Kernel(B * (snew + sq_rot), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             val = T.alloc_local([1], acc)
@@ -116,36 +115,35 @@ def append_kernel(dim: int, dim_v: int, dtype: str, cache_dtype: str, rotary_dty
             base = Seqlens[b]
             if t < snew:  # a new key/value token
                 pos = base + t
-                pg = pos // page_size
-                row = BlockTable[b, pg] * page_size + (pos - pg * page_size)
-                src = b * snew + t
+                pg = pos // PS
+                page = BlockTable[b, pg]
+                off = pos - pg * PS
                 for it in T.serial(T.ceildiv(Hkv * dim, THREADS)):
                     e = it * THREADS + tx
                     if e < Hkv * dim:
                         h = e // dim
                         c = e % dim
-                        rotated(Knew, src, h, c, pos, rotary_dim, interleaved, Cos, Sin, val)
+                        rotated(Knew, b, t, h, c, pos, rotary_dim, interleaved, Cos, Sin, val)
                         # the reference rounds the rotated key to q's dtype, then quantizes it
-                        store(KCache, row, h, c, T.cast(T.cast(val[0], dtype), acc), KDescale[b, h])
+                        store(KCache, page, off, h, c, T.cast(T.cast(val[0], dtype), acc), KDescale[b, h])
                 for it in T.serial(T.ceildiv(Hkv * dim_v, THREADS)):
                     e = it * THREADS + tx
                     if e < Hkv * dim_v:
                         h = e // dim_v
                         c = e % dim_v
-                        store(VCache, row, h, c, T.cast(Vnew[src, h, c], acc), VDescale[b, h])
+                        store(VCache, page, off, h, c, T.cast(Vnew[b, t, h, c], acc), VDescale[b, h])
                 if t == 0 and tx == 0:
                     SeqlensK[b] = base + snew
             else:  # a query token (rotary only)
                 tq = t - snew
                 pos = base + T.if_then_else(per_token == 1, tq, 0)
-                src = b * sq_rot + tq
                 for it in T.serial(T.ceildiv(H * dim, THREADS)):
                     e = it * THREADS + tx
                     if e < H * dim:
                         h = e // dim
                         c = e % dim
-                        rotated(Q, src, h, c, pos, rotary_dim, interleaved, Cos, Sin, val)
-                        QRot[src, h, c] = T.cast(val[0], dtype)
+                        rotated(Q, b, tq, h, c, pos, rotary_dim, interleaved, Cos, Sin, val)
+                        QRot[b, tq, h, c] = T.cast(val[0], dtype)
 
     return main
 
@@ -177,24 +175,21 @@ def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_
     kernel = launch.memo(("append", d, dv, dtype, cache_dtype, rotary_dtype),
                          lambda: _kernel(d, dv, dtype, cache_dtype, rotary_dtype))
     if rotary:
-        sq, h = q.shape[1], q.shape[2]
+        sq = q.shape[1]
         cos, sin = rotary_cos.contiguous(), rotary_sin.contiguous()
         q = q.contiguous()
-        q_rot = debug.new_output(q.shape, q.dtype, dev)
-        q_rows, qrot_rows = q.view(-1, h, d), q_rot.view(-1, h, d)
-    else:  # the kernel reads neither
-        sq, q_rot = 0, q
+        q_in, q_out = q, debug.new_output(q.shape, q.dtype, dev)
+    else:  # the kernel touches neither
+        sq = 0
         cos = sin = launch.placeholder((1, 1), dev)
-        q_rows = qrot_rows = launch.constant("empty", (1, 1, d), k.dtype, dev)
+        q_in = q_out = launch.constant("empty", (1, 1, 1, d), k.dtype, dev)
     if fp8:
         kdesc, vdesc = k_descale.float().contiguous(), v_descale.float().contiguous()
     else:
         kdesc = vdesc = launch.placeholder((b, hkv), dev)
-    kernel(k.contiguous().view(-1, hkv, d), v.contiguous().view(-1, hkv, dv), k_cache.view(-1, hkv, d),
-           v_cache.view(-1, hkv, dv), table, cache_seqlens.contiguous(), seqlens_k, kdesc, vdesc, q_rows, qrot_rows,
-           cos, sin, snew, sq, k_cache.shape[1], 2 * cos.shape[1] if rotary else 0, int(rotary_interleaved),
-           int(per_token))
-    return q_rot, seqlens_k
+    kernel(k.contiguous(), v.contiguous(), k_cache, v_cache, table, cache_seqlens.contiguous(), seqlens_k, kdesc, vdesc,
+           q_in, q_out, cos, sin, sq, 2 * cos.shape[1] if rotary else 0, int(rotary_interleaved), int(per_token))
+    return (q_out if rotary else q), seqlens_k
 
 
 def _kernel(d, dv, dtype, cache_dtype, rotary_dtype):
