@@ -1,15 +1,16 @@
 """KV-cache append (Hopper): new keys/values into the cache in place, with rotary and FP8, one launch.
 
 ``flash_attn_with_kvcache(..., k=, v=)`` writes the new tokens at ``cache_seqlens[b] + i``
-before the decode kernel reads the cache.  Done with PyTorch tensor ops that was a dozen
+before the decode kernel reads the cache.  Done with PyTorch tensor ops that is a dozen
 launches per step (index arithmetic, two ``index_put_``, the length update, and for rotary
-~20 elementwise ops on q and k): ~70 us of host time on an H100's host per decode step
-against ~7 us for one kernel launch (`benchmarks/launch_overhead.py`; NOTES, thirteenth
-session).  This kernel does the whole step's preparation in one launch:
+~20 elementwise ops on q and k): a dozen CUDA-graph nodes, and in eager mode ~70 us of host
+time on an H100's host.  This kernel does the whole step's preparation in one launch (the
+eager saving measured smaller than hoped, ~9 us on a fast host: the entry point's own Python
+and the tvm-ffi calls dominate; NOTES, thirteenth session):
 
-- each new key/value token row is written to its cache row: ``page = block_table[b, pos //
-  page_size]``, row ``page * page_size + pos % page_size`` (a contiguous cache is one page
-  per cache row, the table being ``cache_batch_idx`` or ``arange``, as in ``decode.py``);
+- each new key/value token goes to ``k_cache[block_table[b, pos // page_size], pos %
+  page_size]`` (a contiguous cache is one page per cache row, the table being
+  ``cache_batch_idx`` or ``arange``, as in ``decode.py``);
 - rotary (optional) on the new keys at ``pos`` and on the queries (at ``cache_seqlens[b] + t``
   when ``per_token``, else ``cache_seqlens[b]``), written to a separate query buffer (the
   caller's q is never modified);
