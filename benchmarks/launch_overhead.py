@@ -89,10 +89,10 @@ def main():
             print(f"{per_call_us(fn):9.1f} us  {name}", flush=True)
         except Exception as e:  # report and keep going: this is a measurement tool
             print(f"   failed  {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    named = dict(rows)
     if args.trace:
         from torch.profiler import ProfilerActivity, profile
 
-        named = dict(rows)
         for name in ("flash_attn_func + backward (autograd.grad)", "kernels.backward (launchers only)",
                      "flash_attn_with_kvcache, no new tokens",
                      "flash_attn_with_kvcache, append 1 token"):
@@ -107,25 +107,8 @@ def main():
             print(f"--- trace: {name} (20 calls)")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
     if args.profile:
-        for what, inputs in (("no grad", (q, k, v)), ("requires_grad", (qg, kg, vg))):
-            print(f"--- profile: flash_attn_func, {what}")
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(300):
-                flashtile.flash_attn_func(*inputs)
-            prof.disable()
-            torch.cuda.synchronize()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(22)
-        print("--- profile: kernels.backward")
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(300):
-            kernels_backward(dout, None, q, k, v, out_fwd, lse_fwd, None, 0.125, (-1, -1), 0.0, False)
-        prof.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
-        named = dict(rows)
-        for name in ("flash_attn_with_kvcache, no new tokens", "flash_attn_with_kvcache, append 1 token"):
+        for name in ("flash_attn_func, no grad", "flash_attn_func, requires_grad", "kernels.backward (launchers only)",
+                     "flash_attn_with_kvcache, no new tokens", "flash_attn_with_kvcache, append 1 token"):
             print(f"--- profile: {name}")
             prof = cProfile.Profile()
             prof.enable()

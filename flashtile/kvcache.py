@@ -266,6 +266,18 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interle
     return torch.cat((rot.to(x.dtype), x[..., 2 * half :]), dim=-1)
 
 
+def rotate_new_tokens(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, cache_seqlens: Tensor, interleaved: bool,
+                      per_token: bool) -> tuple[Tensor, Tensor]:
+    """(q, k) after the rotary embedding at flash-attn's positions: query token t at
+    ``cache_seqlens + t`` when ``per_token`` (causal or local), else every token at
+    ``cache_seqlens``; new key i at ``cache_seqlens + i``.  fp32 math (``apply_rotary``)."""
+    base = cache_seqlens.long()[:, None]
+    sq, snew = q.shape[1], k.shape[1]
+    steps = torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device)
+    return (apply_rotary(q, cos, sin, base + steps, interleaved),
+            apply_rotary(k, cos, sin, base + torch.arange(snew, device=q.device), interleaved))
+
+
 def append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale=None,
               v_descale=None) -> None:
     """Write k/v (b, s_new, h_kv, d) into the caches in place at ``cache_seqlens[b] + i``; into
@@ -468,21 +480,13 @@ def flash_attn_with_kvcache(
             # One launch for rotary, the append and the new lengths (eager CUDA: the tensor ops
             # below are a dozen launches, ~60 us of host time per step on an H100's host).  The
             # decode kernel's unsupported cases are refused first: nothing is appended then.
-            reason = _decode().unsupported_reason(q, k_cache, v_cache)
-            if reason is not None:
-                raise NotImplementedError(f"{FN}: no CUDA kernel for {reason}")
+            _decode().require_kernel(q, k_cache, v_cache)
             q, seqlens_k = _append().launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                                    k_descale, v_descale, q, rotary_cos, rotary_sin, rotary_interleaved,
                                                    per_token)
         else:
             if rotary_cos is not None:
-                # q at cache_seqlens + t when causal or local, else every token at cache_seqlens;
-                # the new keys at cache_seqlens + i (flash-attn's convention).  fp32 math.
-                sq = q.shape[1]
-                base = cache_seqlens.long()[:, None]
-                steps = torch.arange(sq, device=q.device) if per_token else torch.zeros(sq, dtype=torch.long, device=q.device)
-                q = apply_rotary(q, rotary_cos, rotary_sin, base + steps, rotary_interleaved)
-                k = apply_rotary(k, rotary_cos, rotary_sin, base + torch.arange(snew, device=q.device), rotary_interleaved)
+                q, k = rotate_new_tokens(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved, per_token)
             if snew:
                 append = append_kv if direct else kvcache_append
                 append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)

@@ -264,9 +264,9 @@ def _bits(t):
 @pytest.mark.parametrize("c", APPEND_CASES, ids=lambda c: c.id)
 def test_append_kernel_bitwise_equals_tensor_ops(c: C, cos32: bool):
     """The one-launch append (kernels/append.py: rotary, quantization, page lookup) against the
-    tensor ops it replaces (kvcache.apply_rotary, append_kv) on the same GPU: the caches equal
+    tensor ops it replaces (kvcache.rotate_new_tokens, append_kv) on the same GPU: the caches equal
     bit for bit, and the output equals a decode over the tensor ops' rotated q."""
-    from flashtile.kvcache import append_kv, apply_rotary
+    from flashtile.kvcache import append_kv, rotate_new_tokens
 
     if cos32 and not c.rotary:
         pytest.skip("no rotary")
@@ -281,10 +281,7 @@ def test_append_kernel_bitwise_equals_tensor_ops(c: C, cos32: bool):
     cos, sin = ref.pop("rotary_cos", None), ref.pop("rotary_sin", None)
     q_ref = q
     if cos is not None:
-        base = seq.long()[:, None]
-        steps = torch.arange(c.sq, device="cuda") if c.causal or c.window != (-1, -1) else torch.zeros(c.sq, dtype=torch.long, device="cuda")
-        q_ref = apply_rotary(q, cos, sin, base + steps, inter)
-        k = apply_rotary(k, cos, sin, base + torch.arange(c.snew, device="cuda"), inter)
+        q_ref, k = rotate_new_tokens(q, k, cos, sin, seq, inter, c.causal or c.window != (-1, -1))
     append_kv(ref["k_cache"], ref["v_cache"], k, v, seq, ref.get("cache_batch_idx"), ref.get("block_table"),
               ref.get("k_descale"), ref.get("v_descale"))
     for name in ("k_cache", "v_cache"):

@@ -34,6 +34,7 @@ import tilelang.language as T
 import torch
 
 from . import debug, launch
+from .decode import descale_args, page_table
 from .target import PASS_CONFIGS, TARGET
 
 THREADS = 128
@@ -164,12 +165,7 @@ def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_
     if b == 0:
         return q, seqlens_k
     rotary = rotary_cos is not None
-    if block_table is not None:
-        table = block_table.contiguous()
-    elif cache_batch_idx is not None:
-        table = cache_batch_idx.reshape(b, 1).to(torch.int32).contiguous()
-    else:
-        table = launch.constant("arange", (b, 1), torch.int32, dev)
+    table = page_table(block_table, cache_batch_idx, b, dev)
     fp8 = k_cache.dtype != k.dtype
     dtype, cache_dtype = launch.dtype_name(k.dtype), launch.dtype_name(k_cache.dtype)
     rotary_dtype = launch.dtype_name(rotary_cos.dtype) if rotary else "float32"
@@ -184,10 +180,7 @@ def launch_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_
         sq = 0
         cos = sin = launch.placeholder((1, 1), dev)
         q_in = q_out = launch.constant("empty", (1, 1, 1, d), k.dtype, dev)
-    if fp8:
-        kdesc, vdesc = k_descale.float().contiguous(), v_descale.float().contiguous()
-    else:
-        kdesc = vdesc = launch.placeholder((b, hkv), dev)
+    kdesc, vdesc = descale_args(k_descale, v_descale, fp8, b, hkv, dev)
     kernel(k.contiguous(), v.contiguous(), k_cache, v_cache, table, cache_seqlens.contiguous(), seqlens_k, kdesc, vdesc,
            q_in, q_out, cos, sin, sq, 2 * cos.shape[1] if rotary else 0, int(rotary_interleaved), int(per_token))
     return (q_out if rotary else q), seqlens_k

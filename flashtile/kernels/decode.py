@@ -540,9 +540,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     (NP, page, Hkv, D) with ``block_table``, in q's dtype or float8_e4m3fn with ``k_descale`` /
     ``v_descale`` float32 (B, Hkv); ``seqlens_k`` int32 (B,) keys per entry after the append.
     Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
-    reason = unsupported_reason(q, k_cache, v_cache)
-    if reason is not None:
-        raise NotImplementedError(f"flash_attn_with_kvcache: no CUDA kernel for {reason}")
+    require_kernel(q, k_cache, v_cache)
     b, sq, h, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[-1]
     dev = q.device
@@ -551,13 +549,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     if out.numel() == 0:
         return out, lse
     q = q.contiguous()
-    if block_table is None:  # a contiguous cache: one page per entry, its cache row
-        if cache_batch_idx is None:
-            table = int32_constant("arange", (b, 1), dev)
-        else:
-            table = cache_batch_idx.reshape(b, 1).to(torch.int32).contiguous()
-    else:
-        table = block_table.contiguous()
+    table = page_table(block_table, cache_batch_idx, b, dev)
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     fp8 = k_cache.dtype != q.dtype
     dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
@@ -593,16 +585,39 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     # Q, O and lse as flat rows (the kernels' layout: no index division per element).
     out_rows, lse_rows = out.view(-1, dv), lse.view(-1)
-    if fp8:
-        kdesc, vdesc = k_descale.float().contiguous(), v_descale.float().contiguous()
-    else:
-        kdesc = vdesc = launch.placeholder((b, hkv), dev)
+    kdesc, vdesc = descale_args(k_descale, v_descale, fp8, b, hkv, dev)
     decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
            out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
            page_size, page_shift, sq)
     if num_splits > 1:
         combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, num_splits)
     return out, lse
+
+
+def require_kernel(q, k_cache, v_cache) -> None:
+    """NotImplementedError naming why no decode kernel runs this call (``unsupported_reason``)."""
+    reason = unsupported_reason(q, k_cache, v_cache)
+    if reason is not None:
+        raise NotImplementedError(f"flash_attn_with_kvcache: no CUDA kernel for {reason}")
+
+
+def page_table(block_table, cache_batch_idx, b: int, device):
+    """The kernels' block table: ``block_table`` itself for a paged cache; for a contiguous
+    cache one page per entry, its cache row (``cache_batch_idx``, default ``arange(b)``)."""
+    if block_table is not None:
+        return block_table.contiguous()
+    if cache_batch_idx is None:
+        return int32_constant("arange", (b, 1), device)
+    return cache_batch_idx.reshape(b, 1).to(torch.int32).contiguous()
+
+
+def descale_args(k_descale, v_descale, fp8: bool, b: int, hkv: int, device):
+    """(KDescale, VDescale) kernel arguments: the float32 descales of an FP8 cache, else a
+    placeholder the kernels never read."""
+    if fp8:
+        return k_descale.float().contiguous(), v_descale.float().contiguous()
+    kdesc = launch.placeholder((b, hkv), device)
+    return kdesc, kdesc
 
 
 def int32_constant(kind: str, n, device):

@@ -180,6 +180,15 @@ def decode_ws_kernel(
     def phase(i):
         return ring_phase(i, per)
 
+    def whole_block_box(page_size, page_shift):
+        """One TMA box per key block: a contiguous cache, or pages of a multiple of the block."""
+        return T.Or(page_shift == 31, page_size % block_n == 0)
+
+    def page_boxes(page_size):
+        """Boxes of ``box`` rows per key block: pages of a multiple of ``box`` (False when
+        ``box`` is the whole block)."""
+        return box < block_n and page_size % box == 0
+
     @T.macro
     def lookup(rows_s, BlockTable, tile, u, kb, pt, page_size, page_shift):
         """Threads 0 .. block_n - 1 of the producer: the cache row of each key of key block
@@ -305,17 +314,17 @@ def decode_ws_kernel(
                     st = stage(w, i)
                     kb = T.alloc_var(T.int32, init=tile.kb_first + w * tile.per_split + i)
                     if widen:  # the table lookups before the wait
-                        if T.Or(page_shift == 31, page_size % block_n == 0):  # one TMA box per block
+                        if whole_block_box(page_size, page_shift):
                             tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
-                        elif box < block_n and page_size % box == 0:  # boxes of ``box`` rows
+                        elif page_boxes(page_size):
                             tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
                     T.barrier_wait(empty[st], phase(i) ^ 1)  # a fresh barrier passes parity 1
                     if not widen:
                         fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
                         T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
-                    elif T.Or(page_shift == 31, page_size % block_n == 0):
+                    elif whole_block_box(page_size, page_shift):
                         tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
-                    elif box < block_n and page_size % box == 0:
+                    elif page_boxes(page_size):
                         tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
                     else:
                         issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
