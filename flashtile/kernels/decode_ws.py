@@ -68,9 +68,8 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0)
     """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
     a block's FP8 K+V is 16 KB at d = dim_v); ``consumers`` warpgroups (0: three for an FP8
     cache with 64-key blocks, else two), each owning ``num_stages / consumers`` raw stages: two
-    each where they fit, with one fp16 tile per consumer for K and V in turn (``one_wide``)
-    where two separate tiles would leave room for one stage only (three consumers at d = 128),
-    else one stage each.
+    each with two consumers (one where shared memory is short), one each with three (two do not
+    fit at d = 128).
 
     The copies (not a tile parameter): by row (each producer thread looks up one key row and
     copies a share of it) for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the
@@ -81,35 +80,24 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0)
     third consumer adds a third split per SM: H200, d = 128 (`h200-2026-11-27b/c2/`), B=8 32k
     234 -> 206 us, B=1 131k 128 -> 108, B=128 2k 310 -> 246, page 16 248 -> 228.  Not at
     other block sizes: three consumers' 128-key S tiles (d <= 64) spill 324 bytes under the
-    160-register share, and 32-key blocks (d > 128) were not measured.  With one stage each,
-    a consumer's wait on its stage's full barrier was the top stall (NOTES, eleventh session):
-    its next block's load starts only when it releases the current one."""
+    160-register share, and 32-key blocks (d > 128) were not measured."""
     width = max(dim, dim_v)
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
     three = cache_itemsize == 1 and block_n == 64
-    # One shared widening tile needs K's and V's shapes equal and an FP8 cache (a 16-bit one
-    # reads the ring itself).
-    shares = [False, True] if cache_itemsize == 1 and dim == dim_v else [False]
     for c in [consumers] if consumers else [3, 2] if three else [CONSUMERS]:
         for num_stages in (2 * c, c):
-            for one_wide in shares:
-                if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c, one_wide) <= SMEM_LIMIT - 2048:
-                    cfg = {"block_n": block_n, "num_stages": num_stages, "consumers": c}
-                    # A 16-bit ring feeds the WGMMAs in their swizzled layout, which 16-row
-                    # boxes cannot write (TileLang: "plain SMEM layout is not a bijection"):
-                    # whole-block boxes only, other page sizes by cp.async.
-                    return {**cfg, "tma_box": TMA_BOX, "one_wide": one_wide} if cache_itemsize == 1 else {
-                        **cfg, "tma_box": block_n}
+            if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c) <= SMEM_LIMIT - 2048:
+                cfg = {"block_n": block_n, "num_stages": num_stages, "consumers": c}
+                return {**cfg, "tma_box": TMA_BOX} if cache_itemsize == 1 else cfg
     raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
 
 
 def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, cache_itemsize: int = 1,
-               consumers: int = CONSUMERS, one_wide: bool = False) -> int:
+               consumers: int = CONSUMERS) -> int:
     """Shared memory of one CTA: the 16-bit Q tile (once per consumer), the ring of K/V
-    stages in the cache's element size, the widened fp16 K and V tiles of each consumer when
-    the cache is FP8 (one tile for both with ``one_wide``), row tables."""
-    wide_rows = block_n * (dim if one_wide else dim + dim_v)
-    widened = consumers * wide_rows * 2 if cache_itemsize == 1 else 0
+    stages in the cache's element size, one widened fp16 K/V tile per consumer when the cache is
+    FP8, row tables."""
+    widened = consumers * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
     return (consumers * BLOCK_M * dim * 2 + num_stages * block_n * (dim + dim_v) * cache_itemsize + widened
             + 4 * consumers * BLOCK_M * 4)
 
@@ -143,7 +131,6 @@ def decode_ws_kernel(
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
     consumers: int = CONSUMERS,
-    one_wide: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -169,9 +156,7 @@ def decode_ws_kernel(
     assert dim % per_copy == 0 and dim_v % per_copy == 0 and 128 % block_n == 0
     assert num_stages % consumers == 0, "each consumer owns num_stages / consumers ring stages (``stage``)"
     box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
-    tma = widen or tma_box > 0  # a 16-bit cache takes TMA only when given a box size
     assert block_n % box == 0 and consumers in REGS
-    assert not one_wide or (widen and dim == dim_v), "one widening tile holds K, then V: an FP8 cache, d == d_v"
     acc = T.float32
     producer_regs, consumer_regs = REGS[consumers]
     rows = consumers * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
@@ -289,63 +274,25 @@ def decode_ws_kernel(
         issue(V, v_ring, rows_s, tile, u, st, pt, v_copies)
 
     @T.macro
-    def widen_mine(X_s, X_ring, width, tile, st, i, ct, wg):
-        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens one operand (K or V, ``width``
-        values per row) of raw stage ``st``, its ``i``-th block, into its own fp16 tile, 8
-        values per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads
-        whole blocks, whose rows there may hold stale or NaN bytes (by-row copies load the
-        nearest valid key instead); the mask gives those keys zero weight, and 0 * a finite V
-        row is 0."""
+    def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, ct, wg):
+        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens raw stage ``st``, its
+        ``i``-th block, into its own fp16 tile, 8 values
+        per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads whole
+        blocks, whose rows there may hold stale or NaN bytes (by-row copies load the nearest
+        valid key instead); the mask gives those keys zero weight, and 0 * a finite V row is 0."""
         # The block's first key from this warpgroup's own split.
         n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
-        pieces = block_n * width // 8  # 8-value pieces of the block
-        # Unrolled: every shared-memory load of the block in flight before its conversions.
-        for it in T.unroll(T.ceildiv(pieces, 128)):
-            if pieces % 128 == 0 or it * 128 + ct < pieces:
-                r = (it * 128 + ct) // (width // 8)
-                c0 = (it * 128 + ct) % (width // 8) * 8
-                for e in T.vectorized(8):
-                    X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
-                                                        T.cast(X_ring[st, r, c0 + e], WIDE),
-                                                        T.cast(0, WIDE))
-
-    @T.macro
-    def release(empty, st):
-        """After this consumer's last widening stores from raw stage ``st``: fence them for the
-        WGMMAs (async proxy) and give the stage back to the producer.  (One barrier of our 128
-        threads must still follow before a WGMMA reads the tile.)"""
-        T.fence_proxy_async()
-        T.barrier_arrive(empty[st])
-
-    @T.macro
-    def copy_by_row(K, V, k_ring, v_ring, rows_s, full, BlockTable, tile, u, st, kb, pt, page_size, page_shift):
-        """Pages TMA cannot take (or a 16-bit cache without ``tma_box``): cp.async copies, each
-        thread's arrival on the stage's full barrier when its copies land."""
-        if widen:
-            issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
-        else:
-            fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
-        T.cp_async_barrier_noinc(full[st])
-
-    @T.macro
-    def zero_outside(v_ring, tile, st, i, ct, wg):
-        """A 16-bit cache read by TMA: the WGMMAs read the ring itself, so V rows outside the
-        entry's keys ``[lp, seqlen_k)`` (stale or NaN cache bytes, read whole with the block)
-        become 0 in place before the P V GEMM (their weight is 0, but 0 * NaN is NaN).  Only
-        a split's boundary blocks (the condition is uniform over the warpgroup, so is the
-        barrier inside)."""
-        n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
-        if T.Or(n0 + block_n > tile.seqlen_k, n0 < tile.lp):
-            pieces = block_n * dim_v // 8
+        for X_s, X_ring, width in ((k_s, k_ring, dim), (v_s, v_ring, dim_v)):
+            pieces = block_n * width // 8  # 8-value pieces of the block
+            # Unrolled: every shared-memory load of the block in flight before its conversions.
             for it in T.unroll(T.ceildiv(pieces, 128)):
                 if pieces % 128 == 0 or it * 128 + ct < pieces:
-                    r = (it * 128 + ct) // (dim_v // 8)
-                    c0 = (it * 128 + ct) % (dim_v // 8) * 8
-                    if T.Or(n0 + r >= tile.seqlen_k, n0 + r < tile.lp):
-                        for e in T.vectorized(8):
-                            v_ring[st, r, c0 + e] = T.cast(0, dtype)
-            T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-            T.sync_threads(CONSUMER_SYNC + wg, 128)
+                    r = (it * 128 + ct) // (width // 8)
+                    c0 = (it * 128 + ct) % (width // 8) * 8
+                    for e in T.vectorized(8):
+                        X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
+                                                            T.cast(X_ring[st, r, c0 + e], WIDE),
+                                                            T.cast(0, WIDE))
 
     @T.macro
     def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, pt, page_size, page_shift):
@@ -366,23 +313,22 @@ def decode_ws_kernel(
                 if i < count:
                     st = stage(w, i)
                     kb = T.alloc_var(T.int32, init=tile.kb_first + w * tile.per_split + i)
-                    if tma:  # the table lookups before the wait
+                    if widen:  # the table lookups before the wait
                         if whole_block_box(page_size, page_shift):
                             tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
                         elif page_boxes(page_size):
                             tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
                     T.barrier_wait(empty[st], phase(i) ^ 1)  # a fresh barrier passes parity 1
-                    if tma:
-                        if whole_block_box(page_size, page_shift):
-                            tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
-                        elif page_boxes(page_size):
-                            tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
-                        else:
-                            copy_by_row(K, V, k_ring, v_ring, rows_s, full, BlockTable, tile, u, st, kb, pt, page_size,
-                                        page_shift)
+                    if not widen:
+                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
+                        T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
+                    elif whole_block_box(page_size, page_shift):
+                        tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
+                    elif page_boxes(page_size):
+                        tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
                     else:
-                        copy_by_row(K, V, k_ring, v_ring, rows_s, full, BlockTable, tile, u, st, kb, pt, page_size,
-                                    page_shift)
+                        issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
+                        T.cp_async_barrier_noinc(full[st])
                     u += 1
 
     @T.macro
@@ -396,7 +342,7 @@ def decode_ws_kernel(
             v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
             # The consumers' K/V tiles: one widened fp16 tile per consumer, or the ring itself.
             k_s = T.alloc_shared([consumers, block_n, dim], WIDE) if widen else k_ring
-            v_s = k_s if one_wide else T.alloc_shared([consumers, block_n, dim_v], WIDE) if widen else v_ring
+            v_s = T.alloc_shared([consumers, block_n, dim_v], WIDE) if widen else v_ring
             rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
             tok_s, head_s, qrow_s, lrow_s = row_tables(rows)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
@@ -431,27 +377,18 @@ def decode_ws_kernel(
                     T.barrier_wait(full[st], phase(i))
                     if widen:
                         # Widen this block into our own tile (our previous GEMMs have finished
-                        # reading it: T.gemm waits for its WGMMAs).
-                        widen_mine(k_s, k_ring, dim, tile, st, i, tx % 128, wg)
-                        if one_wide:  # the stage is released once V is widened too (below)
-                            T.fence_proxy_async()
-                        else:
-                            widen_mine(v_s, v_ring, dim_v, tile, st, i, tx % 128, wg)
-                            release(empty, st)
+                        # reading it), release the raw stage, then one barrier of our 128
+                        # threads before the WGMMAs read the whole tile.
+                        widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, tx % 128, wg)
+                        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+                        T.barrier_arrive(empty[st])
                         T.sync_threads(CONSUMER_SYNC + wg, 128)
-                    elif tma:
-                        zero_outside(v_ring, tile, st, i, tx % 128, wg)
                     else:
                         T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
                     T.gemm(q_s, k_s[wg if widen else st, :, :], s, transpose_B=True, clear_accum=True,
                            policy=FULL_ROW)
-                    if one_wide:  # V over K in the same tile: the S GEMM above has read K
-                        widen_mine(v_s, v_ring, dim_v, tile, st, i, tx % 128, wg)
-                        release(empty, st)
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
                            tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
-                    if one_wide:  # every warp's V rows stored (the softmax ran under this barrier's wait)
-                        T.sync_threads(CONSUMER_SYNC + wg, 128)
                     T.copy(s, p)
                     for r, c in T.Parallel(rows, dim_v):
                         o[r, c] *= alpha[r]
