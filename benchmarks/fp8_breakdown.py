@@ -13,7 +13,7 @@ from triton.testing import do_bench
 
 import flashtile
 from flashtile import fp8
-from flashtile.kernels import launch, operands
+from flashtile.kernels import configs, launch, operands
 from flashtile.kernels.masks import host_window
 from flashtile.kernels.softmax import LOG2E
 from flashtile.kernels.transpose_v import launch_transpose_v
@@ -41,7 +41,7 @@ def main() -> None:
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
             params = operands.params(torch.zeros(h, device="cuda"), qd, kd, vd)
             left, right = host_window(window)
-            scal = (d ** -0.5 * LOG2E, 0.0, left, right)
+            scal = (d ** -0.5 * LOG2E, 0.0, left, right, configs.head_group(d, configs.mask_kind(window)))  # as launch.forward
             t_vt = do_bench(lambda: launch_transpose_v(v8), warmup=20, rep=100, return_mode="median") * 1e3
             t_k = do_bench(lambda: kern(q8, k8, vt, out, lse, params, *scal), warmup=20, rep=100, return_mode="median") * 1e3
             call = lambda: flashtile.flash_attn_func(q8, k8, v8, causal=a.causal, q_descale=qd, k_descale=kd, v_descale=vd)

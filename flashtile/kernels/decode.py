@@ -283,7 +283,6 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
-    early_page: bool = True,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
@@ -319,10 +318,9 @@ def decode_kernel(
         return u * threads + tx < (tile.my_blocks - ch * chunk) * block_n
 
     @T.macro
-    def fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift, page0):
+    def fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift):
         """Issue the page-table loads of chunk ``ch``'s keys (this thread's ``per``) into
-        ``tab``, and their rows within the page into ``off``.  A contiguous cache has one page
-        per entry, ``page0``, loaded at the CTA's start (its address needs no key)."""
+        ``tab``, and their rows within the page into ``off``."""
         # The key and its page as registers (alloc_var), so each is computed once; as plain
         # expressions TileLang inlines them into every use (in 32 and 64 bits).
         j = T.alloc_var(T.int32)
@@ -331,7 +329,7 @@ def decode_kernel(
             if chunk_keys(tile, tx, ch, u):
                 j = tile.key((tile.kb_first + ch * chunk) * block_n + u * threads + tx)
                 pg = cache_page(j, page_size, page_shift)
-                tab[u] = T.if_then_else(page_shift == 31, page0, BlockTable[tile.b, pg]) if early_page else BlockTable[tile.b, pg]
+                tab[u] = BlockTable[tile.b, pg]
                 off[u] = j - pg * page_size
 
     @T.macro
@@ -357,10 +355,6 @@ def decode_kernel(
             # in its griddepcontrol.wait) once every decode CTA has started, instead of after
             # the last one ends.  A no-op when nothing depends on this launch.
             T.pdl_trigger()
-            # A contiguous cache's one page of this entry, loaded beside SeqlensK (which every
-            # key address waits for) instead of after it: one dependent round trip less per
-            # CTA, most of a split's time at batch 1.
-            page0 = T.alloc_var(T.int32, init=T.if_then_else(page_shift == 31, BlockTable[b, 0], 0))
             tile = SplitTile(bx // num_splits, bx % num_splits, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
                              num_splits, block_n, KDescale, score_scale, cap_in, False, has_softcap)
             load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
@@ -382,7 +376,7 @@ def decode_kernel(
             off = T.alloc_local([per], T.int32)
 
             for ch in T.serial(T.ceildiv(tile.my_blocks, chunk)):
-                fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift, page0)
+                fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift)
                 place(tile, tx, ch, tab, off, row_s, page_size)
                 for it in T.Pipelined(T.min(chunk, tile.my_blocks - ch * chunk), num_stages=num_stages):
                     n0 = (tile.kb_first + ch * chunk + it) * block_n
