@@ -131,7 +131,6 @@ def decode_ws_kernel(
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
     consumers: int = CONSUMERS,
-    lone_warp: bool = True,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -275,16 +274,15 @@ def decode_ws_kernel(
         issue(V, v_ring, rows_s, tile, u, st, pt, v_copies)
 
     @T.macro
-    def widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, masked: bool, nt: int):
-        """``widen_mine``'s copies by ``nt`` threads (``ct``: 0 .. nt - 1), rows checked against
-        the entry's keys or not (``masked``)."""
+    def widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, masked: bool):
+        """``widen_mine``'s copies, rows checked against the entry's keys or not (``masked``)."""
         for X_s, X_ring, width in ((k_s, k_ring, dim), (v_s, v_ring, dim_v)):
             pieces = block_n * width // 8  # 8-value pieces of the block
             # Unrolled: every shared-memory load of the block in flight before its conversions.
-            for it in T.unroll(T.ceildiv(pieces, nt)):
-                if pieces % nt == 0 or it * nt + ct < pieces:
-                    r = (it * nt + ct) // (width // 8)
-                    c0 = (it * nt + ct) % (width // 8) * 8
+            for it in T.unroll(T.ceildiv(pieces, 128)):
+                if pieces % 128 == 0 or it * 128 + ct < pieces:
+                    r = (it * 128 + ct) // (width // 8)
+                    c0 = (it * 128 + ct) % (width // 8) * 8
                     for e in T.vectorized(8):
                         if masked:
                             X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
@@ -293,8 +291,8 @@ def decode_ws_kernel(
                             X_s[wg, r, c0 + e] = T.cast(X_ring[st, r, c0 + e], WIDE)
 
     @T.macro
-    def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, ct, wg, nt: int = 128):
-        """Consumer warpgroup ``wg`` (its thread ``ct`` of the ``nt`` widening) widens raw stage ``st``, its
+    def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, ct, wg):
+        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens raw stage ``st``, its
         ``i``-th block, into its own fp16 tile, 8 values
         per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads whole
         blocks, whose rows there may hold stale or NaN bytes (by-row copies load the nearest
@@ -305,9 +303,9 @@ def decode_ws_kernel(
         # The block's first key from this warpgroup's own split.
         n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
         if T.And(n0 >= tile.lp, n0 + block_n <= tile.seqlen_k):
-            widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, False, nt)
+            widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, False)
         else:
-            widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, True, nt)
+            widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, True)
 
     @T.macro
     def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, pt, page_size, page_shift):
@@ -387,13 +385,6 @@ def decode_ws_kernel(
                 T.clear(o)
                 T.clear(l)
                 T.fill(m, neg_inf)
-                # Warp k of a consumer holds tile rows 16k .. 16k + 15 of the S / O fragments
-                # (WGMMA's m64 layout): a warp with no real row skips the softmax, and when
-                # warp 0 holds them all (group x Sq <= 16: GQA decode) warps 1-3 widen the
-                # whole block instead, so each SM sub-partition gets a share of the step (warp k
-                # of every consumer issues on sub-partition k).
-                warp = T.alloc_var(T.int32, init=tx % 128 // 32)
-                real_rows = T.alloc_var(T.int32, init=tile.rows - tile.r0)
                 for i in T.serial(tile.my_blocks):
                     st = T.alloc_var(T.int32, init=stage(wg, i))
                     T.barrier_wait(full[st], phase(i))
@@ -401,11 +392,7 @@ def decode_ws_kernel(
                         # Widen this block into our own tile (our previous GEMMs have finished
                         # reading it), release the raw stage, then one barrier of our 128
                         # threads before the WGMMAs read the whole tile.
-                        if lone_warp and real_rows <= 16:
-                            if warp > 0:
-                                widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, tx % 128 - 32, wg, 96)
-                        else:
-                            widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, tx % 128, wg)
+                        widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, tx % 128, wg)
                         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
                         T.barrier_arrive(empty[st])
                         T.sync_threads(CONSUMER_SYNC + wg, 128)
@@ -413,12 +400,11 @@ def decode_ws_kernel(
                         T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
                     T.gemm(q_s, k_s[wg if widen else st, :, :], s, transpose_B=True, clear_accum=True,
                            policy=FULL_ROW)
-                    if not lone_warp or warp * 16 < real_rows:  # padding rows' P and O are never stored
-                        update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
-                               tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
-                        T.copy(s, p)
-                        for r, c in T.Parallel(rows, dim_v):
-                            o[r, c] *= alpha[r]
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
+                           tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
+                    T.copy(s, p)
+                    for r, c in T.Parallel(rows, dim_v):
+                        o[r, c] *= alpha[r]
                     T.gemm(p, v_s[wg if widen else st, :, :], o, policy=FULL_ROW)
                     if not widen:
                         T.barrier_arrive(empty[st])
