@@ -1,0 +1,84 @@
+"""A/B of the FP8 forward's V^T pre-pass kernels, GPU time only (developer tool, device).
+
+    python3 benchmarks/transpose_ab.py [--old benchmarks/_transpose_v_bytes.py]
+
+Times ``transpose_v.launch_transpose_v``'s kernel and, when ``--old`` names a module file with
+an earlier ``transpose_v_kernel`` (byte-wise V / V^T arguments), that one, each as 20 launches
+captured in one CUDA graph (so host time is out), 16k tokens x 2048 / d heads as
+``fp8_breakdown.py``; checks the two outputs are bitwise equal.  ``--precompile`` builds both
+(no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+import torch
+
+
+def load_old(path):
+    spec = importlib.util.spec_from_file_location("old_transpose_v", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def graph_us(fn, launches=20, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(launches):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", default=None)
+    ap.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
+    ap.add_argument("--precompile", action="store_true")
+    a = ap.parse_args()
+    from flashtile.kernels import transpose_v as new
+    from flashtile.kernels.operands import padded_keys
+
+    old = load_old(a.old) if a.old else None
+    if a.precompile:
+        for d in a.headdim:
+            new.get_kernel(d, False)
+            if old:
+                old.get_kernel(d, False)
+        return
+    print(f"# {torch.cuda.get_device_name()}; V^T pre-pass, us per launch (graph-replayed); 16k tokens, 2048 / d heads")
+    print("| d | MB read + written | new | GB/s | old | GB/s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for d in a.headdim:
+        h, s = 2048 // d, 16384
+        v = (torch.randn(1, s, h, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+        vt = torch.full((1, h, d, padded_keys(s)), float("nan"), device="cuda").to(torch.float8_e4m3fn)
+        kn = new.get_kernel(d, False)
+        t_new = graph_us(lambda: kn(v.view(torch.int32), vt.view(torch.int32)))
+        mb = 2 * v.numel() / 1e6
+        row = f"| {d} | {mb:.1f} | {t_new:.1f} | {mb * 1e3 / t_new:.0f} |"
+        if old:
+            vt_old = torch.full_like(vt.view(torch.int8), -1).view(torch.float8_e4m3fn)
+            ko = old.get_kernel(d, False)
+            t_old = graph_us(lambda: ko(v, vt_old))
+            assert torch.equal(vt.view(torch.int8), vt_old.view(torch.int8)), f"d={d}: new V^T differs from the old kernel's"
+            row += f" {t_old:.1f} | {mb * 1e3 / t_old:.0f} |"
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
