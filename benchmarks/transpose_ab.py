@@ -2,11 +2,13 @@
 
     python3 benchmarks/transpose_ab.py [--old benchmarks/_transpose_v_bytes.py]
 
-Times ``transpose_v.launch_transpose_v``'s kernel and, when ``--old`` names a module file with
-an earlier ``transpose_v_kernel`` (byte-wise V / V^T arguments), that one, each as 20 launches
-captured in one CUDA graph (so host time is out), 16k tokens x 2048 / d heads as
+Times ``transpose_v``'s dense kernel and, when ``--old`` names a module file with another
+``get_kernel`` taking the same (V, V^T) arguments (e.g. an earlier version from git, its
+relative imports made absolute), that one, each as 20 launches captured in one CUDA graph
+(``fp8_breakdown.py``'s V^T column includes host time), 16k tokens x 2048 / d heads as
 ``fp8_breakdown.py``; checks the two outputs are bitwise equal.  ``--precompile`` builds both
-(no GPU needed).
+(no GPU needed).  The fourteenth session's word-wise variant measured 1.2-2x slower than
+the byte-wise kernel this way (NOTES).
 """
 
 from __future__ import annotations
@@ -61,21 +63,21 @@ def main() -> None:
                 old.get_kernel(d, False)
         return
     print(f"# {torch.cuda.get_device_name()}; V^T pre-pass, us per launch (graph-replayed); 16k tokens, 2048 / d heads")
-    print("| d | MB read + written | new | GB/s | old | GB/s |")
+    print("| d | MB read + written | current | GB/s | --old | GB/s |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for d in a.headdim:
         h, s = 2048 // d, 16384
         v = (torch.randn(1, s, h, d, device="cuda") * 3).to(torch.float8_e4m3fn)
         vt = torch.full((1, h, d, padded_keys(s)), float("nan"), device="cuda").to(torch.float8_e4m3fn)
         kn = new.get_kernel(d, False)
-        t_new = graph_us(lambda: kn(v.view(torch.int32), vt.view(torch.int32)))
+        t_new = graph_us(lambda: kn(v, vt))
         mb = 2 * v.numel() / 1e6
         row = f"| {d} | {mb:.1f} | {t_new:.1f} | {mb * 1e3 / t_new:.0f} |"
         if old:
             vt_old = torch.full_like(vt.view(torch.int8), -1).view(torch.float8_e4m3fn)
             ko = old.get_kernel(d, False)
             t_old = graph_us(lambda: ko(v, vt_old))
-            assert torch.equal(vt.view(torch.int8), vt_old.view(torch.int8)), f"d={d}: new V^T differs from the old kernel's"
+            assert torch.equal(vt.view(torch.int8), vt_old.view(torch.int8)), f"d={d}: the two V^T differ"
             row += f" {t_old:.1f} | {mb * 1e3 / t_old:.0f} |"
         print(row, flush=True)
 

@@ -313,25 +313,6 @@ def _e4m3(*shape, gen):
     return (torch.randn(*shape, generator=gen) * 3).to(E4M3)
 
 
-def _byte_perm(x: int, y: int, selector: int) -> int:
-    """CUDA's ``__byte_perm`` on Python ints (result byte n = byte ``selector``'s nibble n of y:x)."""
-    pool = (y << 32 | x).to_bytes(8, "little")
-    return int.from_bytes(bytes(pool[(selector >> 4 * n) & 7] for n in range(4)), "little")
-
-
-def test_transpose4_selectors_transpose_bytes():
-    """The V^T kernel's register transpose: output word i holds byte i of the four input words,
-    the first word's in its low byte (the kernel's key order within a V^T word)."""
-    from flashtile.kernels.transpose_v import WORD_KEYS, transpose4
-    from flashtile.kernels.operands import key_of_column
-
-    words = [0x03020100, 0x13121110, 0x23222120, 0x33323130]  # byte j of word k = 16 k + j
-    for i in range(4):
-        got = transpose4(*words, i, perm=_byte_perm)
-        assert got == int.from_bytes(bytes(16 * k + i for k in range(4)), "little"), f"word {i}: {got:#010x}"
-    assert [key_of_column(4 * q + t) - 2 * q for q in range(4) for t in range(4)] == list(WORD_KEYS) * 4
-
-
 @pytest.mark.parametrize("sk", [1, 15, 16, 17, 40, 64])
 def test_transpose_v_dense(sk):
     """V^T column n of (b, kv head, channel) is key perm(n) of that row; zero past Sk."""
