@@ -131,7 +131,6 @@ def decode_ws_kernel(
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
     consumers: int = CONSUMERS,
-    overlap: bool = True,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -275,51 +274,38 @@ def decode_ws_kernel(
         issue(V, v_ring, rows_s, tile, u, st, pt, v_copies)
 
     @T.macro
-    def widen_rows(X_s, X_ring, width, tile, st, n0, ct, wg, masked: bool):
-        """``widen_mine``'s copies of one operand, rows checked against the entry's keys or not
-        (``masked``)."""
-        pieces = block_n * width // 8  # 8-value pieces of the block
-        # Unrolled: every shared-memory load of the block in flight before its conversions.
-        for it in T.unroll(T.ceildiv(pieces, 128)):
-            if pieces % 128 == 0 or it * 128 + ct < pieces:
-                r = (it * 128 + ct) // (width // 8)
-                c0 = (it * 128 + ct) % (width // 8) * 8
-                for e in T.vectorized(8):
-                    if masked:
-                        X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
-                                                            T.cast(X_ring[st, r, c0 + e], WIDE), T.cast(0, WIDE))
-                    else:
-                        X_s[wg, r, c0 + e] = T.cast(X_ring[st, r, c0 + e], WIDE)
+    def widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, masked: bool):
+        """``widen_mine``'s copies, rows checked against the entry's keys or not (``masked``)."""
+        for X_s, X_ring, width in ((k_s, k_ring, dim), (v_s, v_ring, dim_v)):
+            pieces = block_n * width // 8  # 8-value pieces of the block
+            # Unrolled: every shared-memory load of the block in flight before its conversions.
+            for it in T.unroll(T.ceildiv(pieces, 128)):
+                if pieces % 128 == 0 or it * 128 + ct < pieces:
+                    r = (it * 128 + ct) // (width // 8)
+                    c0 = (it * 128 + ct) % (width // 8) * 8
+                    for e in T.vectorized(8):
+                        if masked:
+                            X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
+                                                                T.cast(X_ring[st, r, c0 + e], WIDE), T.cast(0, WIDE))
+                        else:
+                            X_s[wg, r, c0 + e] = T.cast(X_ring[st, r, c0 + e], WIDE)
 
     @T.macro
-    def widen_mine(X_s, X_ring, width, tile, st, i, ct, wg):
-        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens one operand (K or V,
-        ``width`` values a row) of raw stage ``st``, its ``i``-th block, into its own fp16
-        tile, 8 values per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0:
-        TMA reads whole blocks, whose rows there may hold stale or NaN bytes (by-row copies
-        load the nearest valid key instead); the mask gives those keys zero weight, and 0 * a
-        finite V row is 0.  Only a split's boundary blocks check their rows (~6 integer
-        instructions per 8 values; H100, B=8 32k: 204 -> 202 us, 4 query tokens 212 -> 209,
-        B=1 131k 112 -> 111: NOTES, fourteenth session)."""
+    def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, ct, wg):
+        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens raw stage ``st``, its
+        ``i``-th block, into its own fp16 tile, 8 values
+        per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads whole
+        blocks, whose rows there may hold stale or NaN bytes (by-row copies load the nearest
+        valid key instead); the mask gives those keys zero weight, and 0 * a finite V row is 0.
+        Only a split's boundary blocks check their rows: the check was ~6 integer instructions
+        per 8 values in the consumers' step, the FP8 decode's limit (H100, B=8 32k: 204 ->
+        202 us, 4 query tokens 212 -> 209, B=1 131k 112 -> 111: NOTES, fourteenth session)."""
         # The block's first key from this warpgroup's own split.
         n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
         if T.And(n0 >= tile.lp, n0 + block_n <= tile.seqlen_k):
-            widen_rows(X_s, X_ring, width, tile, st, n0, ct, wg, False)
+            widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, False)
         else:
-            widen_rows(X_s, X_ring, width, tile, st, n0, ct, wg, True)
-
-    @T.macro
-    def widen_block(k_s, v_s, k_ring, v_ring, full, empty, tile, i, ct, wg):
-        """Wait for this consumer's ``i``-th raw stage, widen its K and V, release the stage,
-        and one barrier of our 128 threads before the WGMMAs read the tiles (our previous
-        GEMMs have finished reading them)."""
-        st = T.alloc_var(T.int32, init=stage(wg, i))
-        T.barrier_wait(full[st], phase(i))
-        widen_mine(k_s, k_ring, dim, tile, st, i, ct, wg)
-        widen_mine(v_s, v_ring, dim_v, tile, st, i, ct, wg)
-        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-        T.barrier_arrive(empty[st])
-        T.sync_threads(CONSUMER_SYNC + wg, 128)
+            widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, True)
 
     @T.macro
     def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, pt, page_size, page_shift):
@@ -357,16 +343,6 @@ def decode_ws_kernel(
                         issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
                         T.cp_async_barrier_noinc(full[st])
                     u += 1
-
-    @T.macro
-    def softmax_step(s, p, o, m, m_prev, m_safe, alpha, row_sum, l, tile, i, tok_s, head_s):
-        """A consumer's online softmax of its ``i``-th block's scores ``s``: weights into P,
-        the output accumulator rescaled."""
-        update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first, tile.t_last,
-               tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
-        T.copy(s, p)
-        for r, c in T.Parallel(rows, dim_v):
-            o[r, c] *= alpha[r]
 
     @T.macro
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
@@ -409,44 +385,29 @@ def decode_ws_kernel(
                 T.clear(o)
                 T.clear(l)
                 T.fill(m, neg_inf)
-                if widen and overlap:
-                    # Each block's GEMMs overlap the widening: P_i V_i runs while K_{i+1} is
-                    # widened, S_{i+1} while V_{i+1} is (K and V have their own tiles); every
-                    # WGMMA retires inside the trip it was issued in.
-                    if tile.my_blocks > 0:
-                        widen_block(k_s, v_s, k_ring, v_ring, full, empty, tile, 0, tx % 128, wg)
-                        T.gemm(q_s, k_s[wg, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                        softmax_step(s, p, o, m, m_prev, m_safe, alpha, row_sum, l, tile, 0, tok_s, head_s)
-                        for i in T.serial(tile.my_blocks - 1):
-                            T.wgmma_gemm(p, v_s[wg, :, :], o, policy=FULL_ROW)  # P_i V_i
-                            st = T.alloc_var(T.int32, init=stage(wg, i + 1))
-                            T.barrier_wait(full[st], phase(i + 1))
-                            widen_mine(k_s, k_ring, dim, tile, st, i + 1, tx % 128, wg)  # S_i has read K_i
-                            T.fence_proxy_async()
-                            T.sync_threads(CONSUMER_SYNC + wg, 128)  # K_{i+1} whole
-                            T.wgmma_gemm(q_s, k_s[wg, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                            T.wait_wgmma(1)  # P_i V_i done: V's tile is free
-                            widen_mine(v_s, v_ring, dim_v, tile, st, i + 1, tx % 128, wg)
-                            T.fence_proxy_async()
-                            T.barrier_arrive(empty[st])
-                            T.wait_wgmma(0)  # S_{i+1}
-                            softmax_step(s, p, o, m, m_prev, m_safe, alpha, row_sum, l, tile, i + 1, tok_s, head_s)
-                            T.sync_threads(CONSUMER_SYNC + wg, 128)  # V_{i+1} whole before its P V
-                        T.gemm(p, v_s[wg, :, :], o, policy=FULL_ROW)
-                else:
-                    for i in T.serial(tile.my_blocks):
-                        if widen:
-                            widen_block(k_s, v_s, k_ring, v_ring, full, empty, tile, i, tx % 128, wg)
-                        else:
-                            st = T.alloc_var(T.int32, init=stage(wg, i))
-                            T.barrier_wait(full[st], phase(i))
-                            T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
-                        T.gemm(q_s, k_s[wg if widen else stage(wg, i), :, :], s, transpose_B=True, clear_accum=True,
-                               policy=FULL_ROW)
-                        softmax_step(s, p, o, m, m_prev, m_safe, alpha, row_sum, l, tile, i, tok_s, head_s)
-                        T.gemm(p, v_s[wg if widen else stage(wg, i), :, :], o, policy=FULL_ROW)
-                        if not widen:
-                            T.barrier_arrive(empty[stage(wg, i)])
+                for i in T.serial(tile.my_blocks):
+                    st = T.alloc_var(T.int32, init=stage(wg, i))
+                    T.barrier_wait(full[st], phase(i))
+                    if widen:
+                        # Widen this block into our own tile (our previous GEMMs have finished
+                        # reading it), release the raw stage, then one barrier of our 128
+                        # threads before the WGMMAs read the whole tile.
+                        widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, tx % 128, wg)
+                        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+                        T.barrier_arrive(empty[st])
+                        T.sync_threads(CONSUMER_SYNC + wg, 128)
+                    else:
+                        T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
+                    T.gemm(q_s, k_s[wg if widen else st, :, :], s, transpose_B=True, clear_accum=True,
+                           policy=FULL_ROW)
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
+                           tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
+                    T.copy(s, p)
+                    for r, c in T.Parallel(rows, dim_v):
+                        o[r, c] *= alpha[r]
+                    T.gemm(p, v_s[wg if widen else st, :, :], o, policy=FULL_ROW)
+                    if not widen:
+                        T.barrier_arrive(empty[st])
                 store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
                       lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
 
