@@ -4,11 +4,11 @@
 
 Times ``transpose_v``'s dense kernel and, when ``--old`` names a module file with another
 ``get_kernel`` taking the same (V, V^T) arguments (e.g. an earlier version from git, its
-relative imports made absolute), that one, each as 20 launches captured in one CUDA graph
-(``fp8_breakdown.py``'s V^T column includes host time), 16k tokens x 2048 / d heads as
-``fp8_breakdown.py``; checks the two outputs are bitwise equal.  ``--precompile`` builds both
-(no GPU needed).  The fourteenth session's word-wise variant measured 1.2-2x slower than
-the byte-wise kernel this way (NOTES).
+relative imports made absolute), that one, each replayed from a CUDA graph
+(``bench_decode.bench_graph``; ``fp8_breakdown.py``'s V^T column includes host time), on 16k
+tokens x 2048 / d heads as ``fp8_breakdown.py``; checks the two outputs are bitwise equal.
+``--precompile`` builds both (no GPU needed).  The fourteenth session's word-wise variant
+measured 1.2-2x slower than the byte-wise kernel this way (NOTES).
 """
 
 from __future__ import annotations
@@ -26,32 +26,13 @@ def load_old(path):
     return mod
 
 
-def graph_us(fn, launches=20, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(launches):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", default=None)
     ap.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
     ap.add_argument("--precompile", action="store_true")
     a = ap.parse_args()
+    from flashtile.bench_decode import bench_graph
     from flashtile.kernels import transpose_v as new
     from flashtile.kernels.operands import padded_keys
 
@@ -70,13 +51,13 @@ def main() -> None:
         v = (torch.randn(1, s, h, d, device="cuda") * 3).to(torch.float8_e4m3fn)
         vt = torch.full((1, h, d, padded_keys(s)), float("nan"), device="cuda").to(torch.float8_e4m3fn)
         kn = new.get_kernel(d, False)
-        t_new = graph_us(lambda: kn(v, vt))
+        t_new = bench_graph(lambda: kn(v, vt)) * 1e6
         mb = 2 * v.numel() / 1e6
         row = f"| {d} | {mb:.1f} | {t_new:.1f} | {mb * 1e3 / t_new:.0f} |"
         if old:
             vt_old = torch.full_like(vt.view(torch.int8), -1).view(torch.float8_e4m3fn)
             ko = old.get_kernel(d, False)
-            t_old = graph_us(lambda: ko(v, vt_old))
+            t_old = bench_graph(lambda: ko(v, vt_old)) * 1e6
             assert torch.equal(vt.view(torch.int8), vt_old.view(torch.int8)), f"d={d}: the two V^T differ"
             row += f" {t_old:.1f} | {mb * 1e3 / t_old:.0f} |"
         print(row, flush=True)

@@ -134,6 +134,10 @@ class SplitTile:
         return (self.kb_lo + split * self.per_split,
                 T.max(T.min(self.per_split, self.n_blocks - split * self.per_split), 0))
 
+    def holds(self, j, n=1):
+        """Whether keys ``j .. j + n - 1`` are all among the entry's keys ``[lp, seqlen_k)``."""
+        return T.And(j >= self.lp, j + n <= self.seqlen_k)
+
     def key(self, j):
         """Key ``j`` clamped into the entry's keys ``[lp, seqlen_k)``: a tile row outside them
         loads the nearest valid key (masked to zero weight), so stale or NaN cache contents

@@ -284,11 +284,8 @@ def decode_ws_kernel(
                     r = (it * 128 + ct) // (width // 8)
                     c0 = (it * 128 + ct) % (width // 8) * 8
                     for e in T.vectorized(8):
-                        if masked:
-                            X_s[wg, r, c0 + e] = T.if_then_else(T.And(n0 + r >= tile.lp, n0 + r < tile.seqlen_k),
-                                                                T.cast(X_ring[st, r, c0 + e], WIDE), T.cast(0, WIDE))
-                        else:
-                            X_s[wg, r, c0 + e] = T.cast(X_ring[st, r, c0 + e], WIDE)
+                        x = T.cast(X_ring[st, r, c0 + e], WIDE)
+                        X_s[wg, r, c0 + e] = T.if_then_else(tile.holds(n0 + r), x, T.cast(0, WIDE)) if masked else x
 
     @T.macro
     def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, ct, wg):
@@ -302,7 +299,7 @@ def decode_ws_kernel(
         202 us, 4 query tokens 212 -> 209, B=1 131k 112 -> 111: NOTES, fourteenth session)."""
         # The block's first key from this warpgroup's own split.
         n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
-        if T.And(n0 >= tile.lp, n0 + block_n <= tile.seqlen_k):
+        if tile.holds(n0, block_n):
             widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, False)
         else:
             widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, True)
