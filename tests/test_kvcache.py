@@ -6,6 +6,7 @@ for sm_90a with nvcc (no GPU needed)."""
 from __future__ import annotations
 
 import math
+import random
 import re
 import shutil
 
@@ -439,21 +440,58 @@ def test_ws_schedule_fits_one_cta_per_sm(d, dv, cache):
     assert cfg["consumers"] == (3 if item == 1 and cfg["block_n"] == 64 else 2), cfg
 
 
-def test_fp8_cache_takes_the_ws_schedule_in_split_triples():
-    from flashtile.kernels.decode import MAX_SPLITS, decode_kernel, decode_schedule, split_count
+def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
+    from flashtile.kernels.decode import MAX_SPLITS, decode_kernel, decode_schedule, split_count, worker_count
     from flashtile.kernels.decode_ws import decode_ws_kernel
 
     sched = decode_schedule(128, 128, "bfloat16", "float8_e4m3fn")
-    assert sched.kernel is decode_ws_kernel and sched.splits_per_cta == 3 and sched.ctas_per_sm == 1
+    assert sched.kernel is decode_ws_kernel and sched.consumers == 3 and sched.ctas_per_sm == 1
     bf16 = decode_schedule(128, 128, "bfloat16", None)
-    assert bf16.kernel is decode_kernel and bf16.splits_per_cta == 1
+    assert bf16.kernel is decode_kernel and bf16.consumers == 1
     for requested in (0, 1, 2, 3, 7, 500):
-        for ctas, blocks in ((8, 128), (512, 64), (1, 2), (2048, 4096)):
-            n = split_count(requested, ctas, blocks, 132, sched, 32 * 128)
-            assert n % 3 == 0 and 3 <= n <= MAX_SPLITS, (requested, ctas, blocks, n)
-            assert split_count(requested, ctas, blocks, 132, bf16, 32 * 128) >= 1
-    assert split_count(7, 8, 128, 132, sched, 32 * 128) == 6  # a requested count rounds down to triples
-    assert split_count(1, 8, 128, 132, sched, 32 * 128) == 3  # ... but never below one triple
+        for segments, blocks in ((8, 128), (512, 64), (1, 2), (2048, 4096), (131, 4096)):
+            g = worker_count(requested, segments, blocks, 132, sched)
+            assert g >= segments, (requested, segments, blocks, g)  # at most two parts per CTA
+            if requested:
+                assert g % segments == 0 and g // segments == max(1, requested // 3)  # whole CTAs per segment
+            assert 1 <= split_count(requested, segments, blocks, 132, bf16, 32 * 128) <= MAX_SPLITS
+    # Default: one CTA per SM while segments are fewer (B=8, 8 kv heads: 64 segments, 132 CTAs,
+    # not 128 = 64 x 2), each consumer with at least two blocks; else one CTA per segment.
+    assert worker_count(0, 64, 512, 132, sched) == 132
+    assert worker_count(0, 8, 12, 132, sched) == 16
+    assert worker_count(0, 512, 512, 132, sched) == 512
+    assert worker_count(7, 8, 128, 132, sched) == 16  # a requested count rounds down to triples
+    assert worker_count(1, 8, 128, 132, sched) == 8  # ... but never below one triple
+
+
+@pytest.mark.parametrize("segments", [1, 2, 3, 7, 64, 131])
+@pytest.mark.parametrize("extra", [0, 1, 5, 68, 131])
+def test_split_shares_tile_every_segment_once(segments, extra):
+    """``schedule``'s worker shares: every key block of every segment in exactly one part,
+    at most two parts per worker, one slot per (worker, segment) pair, and the combine's
+    ``segment_workers`` naming exactly the workers whose parts touch the segment."""
+    from flashtile.kernels.schedule import segment_workers, share_blocks, split_part
+
+    workers = segments + extra
+    rng = random.Random(segments * 1000 + extra)
+    n = [rng.choice([0, 1, 2, 5, 64, 513]) for _ in range(segments)]
+    seen = [[0] * k for k in n]
+    slots, touching = set(), {}
+    for c in range(workers):
+        parts = [split_part(c, p, workers, segments) for p in (0, 1)]
+        live = [(g, u0, u1) for g, u0, u1 in parts if g < segments and u0 < u1]
+        assert 1 <= len(live) <= 2 and live[0][0] == c * segments // workers, (c, parts)
+        for g, u0, u1 in live:
+            first, count = share_blocks(u0, u1, n[g], workers)
+            for x in range(first, first + count):
+                seen[g][x] += 1
+            assert c + g not in slots, f"slot {c + g} written twice"
+            slots.add(c + g)
+            touching.setdefault(g, []).append(c)
+    assert all(v == 1 for row in seen for v in row), "a key block in no part or in two"
+    for g in range(segments):
+        first, count = segment_workers(g, workers, segments)
+        assert touching[g] == list(range(first, first + count)), (g, touching[g], first, count)
 
 
 # --- kernel builds (nvcc, no GPU) -----------------------------------------------------------
@@ -475,8 +513,10 @@ def test_build_decode(d, dv, dtype, sinks, softcap):
     decode, combine = get_decode_kernels(d, dv, dtype, sinks, softcap)
     src = decode.get_kernel_source()
     assert "wgmma" in src and "mma_sync" not in src, "decode GEMMs should be WGMMA"
-    for name in ("int B", "int Sq", "int H", "int Hkv", "int page_size", "int num_splits"):
+    for name in ("int B", "int Sq", "int H", "int Hkv", "int page_size"):
         assert name in src, f"{name} should be a runtime argument"
+    # num_splits: TileLang names the kernel argument after the macro parameter it reaches (store's)
+    assert "int num_splits" in src or "int direct" in src, "num_splits should be a runtime argument"
     assert ("tanh" in src) == softcap
     if d == dv:
         assert "cp_async" in src, "K/V tiles should stream through cp.async"

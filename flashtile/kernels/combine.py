@@ -1,6 +1,8 @@
 """Split-KV combine (Hopper): merge the decode kernel's per-split partial outputs by their lse.
 
-Split ``s`` of a query row wrote ``o_s`` (its softmax-normalised output over its keys, fp32)
+The splits of a query row are the parts of its segment (entry, kv head, row tile) that the
+decode workers ran (``schedule.split_part``); ``schedule.segment_workers`` names their slots
+from the segment index and the worker count alone.  Split ``s`` of a query row wrote ``o_s`` (its softmax-normalised output over its keys, fp32)
 and ``lse_s`` (natural log; -inf for a split that saw no key).  The row's result is
 
     lse = log(sum_s exp(lse_s) + exp(sink))          (the sink term only with sinks)
@@ -9,24 +11,27 @@ and ``lse_s`` (natural log; -inf for a split that saw no key).  The row's result
 computed around the largest term so nothing overflows; the sink is folded in here, exactly
 once.  A row where every split is empty (and no sink) gets out = 0 and lse = -inf.
 
-Static structure: dtype, dim_v, sinks on/off.  Rows, splits and shapes are runtime.
+Static structure: dtype, dim_v, sinks on/off.  Rows, splits, workers and shapes are runtime.
 """
 
 import tilelang
 import tilelang.language as T
 
-from .target import PASS_CONFIGS, TARGET
+from .decode import BLOCK_M
+from .schedule import segment_workers
 from .softmax import LN2, LOG2E
+from .target import PASS_CONFIGS, TARGET
 
 PER_ROUND = 8  # splits a thread loads per round, all in flight at once
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
 def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, per_round: int = PER_ROUND):
-    """Kernel arguments: Opart (P, dim_v) and LSEpart (P,) fp32, row ``split * RQ + r`` where
-    ``r = (b * Sq + t) * H + h`` is the query row (``P >= num_splits * RQ``); O (RQ, dim_v) out,
-    rows like Opart's; LSE (RQ,) fp32 out, the (B, H, Sq) lse flat; Sinks (H,) fp32 (read only
-    with sinks; its length is H); ``seqlen_q`` (Sq); ``num_splits`` (``decode.MAX_SPLITS`` at most).
+    """Kernel arguments: Opart (P, dim_v) and LSEpart (P,) fp32, the decode's partials (row
+    ``slot x tile_rows + tile row``, ``decode.SplitTile.partial_row``); O (RQ, dim_v) out, row
+    ``r = (b * Sq + t) * H + h`` per query; LSE (RQ,) fp32 out, the (B, H, Sq) lse flat; Sinks
+    (H,) fp32 (read only with sinks; its length is H); ``seqlen_q`` (Sq), ``num_kv_heads``,
+    ``workers`` (the decode's G) and ``consumers`` (partials per worker part: C slots each).
 
     One CTA per query row.  Its threads split the row's columns in 4-wide chunks and the splits
     in ``groups = threads // (dim_v / 4)`` interleaved groups; each thread loads the lse and its
@@ -58,7 +63,9 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
         LSE: T.Tensor([RQ], acc),
         Sinks: T.Tensor([H], acc),
         seqlen_q: T.int32,
-        num_splits: T.int32,
+        num_kv_heads: T.int32,
+        workers: T.int32,
+        consumers: T.int32,
     ):
         with T.Kernel(RQ, threads=threads) as row:
             m_s = T.alloc_shared([groups], acc)
@@ -73,6 +80,19 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
             m_safe = T.alloc_var(acc, init=0.0)
             alpha = T.alloc_var(acc, init=0.0)
             w = T.alloc_var(acc, init=0.0)
+            # The row's segment g and tile row, then its splits: C consumers' slots for each
+            # worker touching g (``schedule``), partial rows ``slot * tile_rows + tile row``.
+            group = T.alloc_var(T.int32, init=H // num_kv_heads)
+            row_tiles = T.alloc_var(T.int32, init=T.ceildiv(group * seqlen_q, BLOCK_M))
+            krow = T.alloc_var(T.int32, init=(row // H) % seqlen_q * group + row % H % group)  # among its kv head's rows
+            seg = T.alloc_var(T.int32, init=((row // H // seqlen_q) * num_kv_heads + row % H // group) * row_tiles
+                              + krow // BLOCK_M)
+            segments = T.alloc_var(T.int32, init=RQ // H // seqlen_q * num_kv_heads * row_tiles)
+            first, count = segment_workers(seg, workers, segments)
+            base = T.alloc_var(T.int32, init=(first + seg) * consumers)  # the segment's first slot
+            num_splits = T.alloc_var(T.int32, init=count * consumers)
+            tile_rows = T.alloc_var(T.int32, init=T.min(group * seqlen_q, BLOCK_M))
+            prow = T.alloc_var(T.int32, init=base * tile_rows + krow % BLOCK_M)  # split 0's partial row
             tx = T.get_thread_binding()
             g = tx // chunks  # split group; threads past groups * chunks idle
             c0 = (tx % chunks) * 4
@@ -89,9 +109,9 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                     for j in T.unroll(per_round):
                         s = (r * per_round + j) * groups + g
                         sc = T.min(s, num_splits - 1)
-                        lse_r[j] = T.if_then_else(s < num_splits, LSEpart[sc * RQ + row], neg_inf)
+                        lse_r[j] = T.if_then_else(s < num_splits, LSEpart[prow + sc * tile_rows], neg_inf)
                         for e in T.vectorized(4):
-                            val[j * 4 + e] = Opart[sc * RQ + row, c0 + e]
+                            val[j * 4 + e] = Opart[prow + sc * tile_rows, c0 + e]
                     m_new = m_t
                     for j in T.unroll(per_round):
                         m_new = T.max(m_new, lse_r[j])

@@ -58,6 +58,7 @@ import torch
 
 from . import debug, launch, target
 from .masks import TileMask, host_window
+from .schedule import share_blocks
 from .seqinfo import Sequence
 from .softmax import LOG2E, online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET
@@ -84,20 +85,21 @@ class GroupRows:
 
 
 class SplitTile:
-    """One decode CTA's share of the work, as registers (``T.alloc_var``: opaque to TileLang's
-    simplifier, which otherwise spends minutes proving facts about the nested min/max/div of
-    the key range).  Built inside the kernel by every decode schedule.
+    """One decode worker's part of one segment, as registers (``T.alloc_var``: opaque to
+    TileLang's simplifier, which otherwise spends minutes proving facts about the nested
+    min/max/div of the key range).  Built inside the kernel by every decode schedule.
 
-    Row tile ``row_tile`` holds rows ``r0 .. r0 + 63`` of the ``rows = group x Sq`` rows of kv
-    head ``hk``; its query tokens ``t_first .. t_last`` see keys ``[k_lo, k_hi)``, i.e.
-    ``n_blocks`` key blocks from ``kb_lo``, dealt out in runs of ``per_split`` to
-    ``num_splits`` splits; split ``split`` owns ``my_blocks`` blocks from ``kb_first``
-    (``blocks(s)`` gives any split's).  ``mask`` is masks.py's view of the entry (Sq query
-    tokens, keys ``[lp, seqlen_k)``); ``sc`` / ``cap`` the score and softcap input scales with
-    an FP8 cache's K descale folded in."""
+    The segment is row tile ``row_tile`` of kv head ``hk`` of entry ``b``: rows ``r0 .. r0 +
+    63`` of the ``rows = group x Sq`` rows, query tokens ``t_first .. t_last``, which see keys
+    ``[k_lo, k_hi)``, i.e. ``n_blocks`` key blocks from ``kb_lo``.  ``share = (u0, u1, units)``
+    is the part's fraction of the segment (``schedule.split_part``: units ``[u0, u1)`` of
+    ``units``), i.e. ``my_blocks`` blocks from ``kb_first``.  ``slot``: the partial slot of
+    the part (``schedule``; consumer ``w`` of a warp-specialised CTA writes ``slot + w``).
+    ``mask`` is masks.py's view of the entry (Sq query tokens, keys ``[lp, seqlen_k)``); ``sc``
+    / ``cap`` the score and softcap input scales with an FP8 cache's K descale folded in."""
 
-    def __init__(self, row_tile, split, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, num_splits, block_n,
-                 KDescale, score_scale, cap_in, fp8: bool, has_softcap: bool):
+    def __init__(self, row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, share, block_n,
+                 KDescale, score_scale, cap_in, fp8: bool, has_softcap: bool, slot=0):
         acc = T.float32
 
         def reg(dtype, value):
@@ -106,7 +108,8 @@ class SplitTile:
         self.b, self.hk = b, hk
         self.group = reg(T.int32, H // Hkv)
         self.rows = reg(T.int32, self.group * Sq)
-        self.split = reg(T.int32, split)
+        self.tile_rows = reg(T.int32, T.min(self.rows, BLOCK_M))  # rows of a partial slot
+        self.slot = reg(T.int32, slot)
         self.r0 = reg(T.int32, row_tile * BLOCK_M)
         self.seqlen_k = reg(T.int32, SeqlensK[b])
         self.lp = reg(T.int32, Leftpad[b])
@@ -117,10 +120,10 @@ class SplitTile:
         k_hi = reg(T.int32, T.min(self.seqlen_k, self.t_last + self.off + right + 1))
         self.kb_lo = reg(T.int32, k_lo // block_n)
         self.n_blocks = reg(T.int32, T.max(T.ceildiv(T.max(k_hi, 0), block_n) - self.kb_lo, 0))
-        self.per_split = reg(T.int32, T.ceildiv(self.n_blocks, num_splits))
-        kb_first, my_blocks = self.blocks(self.split)
-        self.kb_first = reg(T.int32, kb_first)
-        self.my_blocks = reg(T.int32, my_blocks)
+        u0, u1, units = share
+        first, count = share_blocks(u0, u1, self.n_blocks, units)
+        self.kb_first = reg(T.int32, self.kb_lo + first)
+        self.my_blocks = reg(T.int32, count)
         self.mask = TileMask(Sequence(False, b, Sq, self.seqlen_k, key_lo=self.lp, off=self.off), left, right)
         # An FP8 cache's K descale scales every score: folded into the scale the softmax
         # applies (into the softcap's input scale with softcap); V's scales the output.
@@ -128,11 +131,10 @@ class SplitTile:
         self.sc = reg(acc, score_scale * kd if (fp8 and not has_softcap) else score_scale)
         self.cap = reg(acc, cap_in * kd if fp8 else cap_in)
 
-    def blocks(self, split):
-        """(first key block, block count) of split ``split`` (expressions; counts never grow
-        with the split index)."""
-        return (self.kb_lo + split * self.per_split,
-                T.max(T.min(self.per_split, self.n_blocks - split * self.per_split), 0))
+    def partial_row(self, i):
+        """Row of tile row ``i`` in the partials (``Opart``/``LSEpart``): slot ``slot + i //
+        64`` (a warp-specialised CTA's consumer ``i // 64``), ``tile_rows`` rows per slot."""
+        return (self.slot + i // BLOCK_M) * self.tile_rows + i % BLOCK_M
 
     def holds(self, j, n=1):
         """Whether keys ``j .. j + n - 1`` are all among the entry's keys ``[lp, seqlen_k)``."""
@@ -173,9 +175,11 @@ def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: boo
     ``q_dtype`` (rows past the tile's real rows as 0).
 
     ``store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s,
-    qrow_s, lrow_s, tile, RQ, num_splits, out_scale)``: softmax.py's epilogue (O normalised,
+    qrow_s, lrow_s, tile, direct, out_scale)``: softmax.py's epilogue (O normalised,
     lse in natural log; the sink folded in here with one split, by the combine kernel
-    otherwise), then O/lse or the split's fp32 partials (``tile.split``), real rows only.
+    otherwise), then O/lse or the part's fp32 partials (``tile.partial_row``), real rows only.
+    ``direct``: the kernel argument that says whether this CTA writes O/lse itself (1) or
+    partials; the FP8 schedule always writes partials (``direct = 0``).
     """
     _, finish = online_softmax(tile_rows, block_n, dim_v, has_sinks, has_softcap)
     _, finish_partial = online_softmax(tile_rows, block_n, dim_v, False, has_softcap)  # sinks: combine.py
@@ -200,8 +204,8 @@ def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: boo
 
     @T.macro
     def store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
-              RQ, num_splits, out_scale):
-        if num_splits == 1:
+              direct, out_scale):
+        if direct == 1:
             finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(tok_s, head_s, Sinks), tile.sc, out_scale)
             for i, c in T.Parallel(tile_rows, dim_v):
                 if real(tile, i):
@@ -213,10 +217,10 @@ def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: boo
             finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, tile.sc, out_scale)
             for i, c in T.Parallel(tile_rows, dim_v):
                 if real(tile, i):
-                    Opart[tile.split * RQ + qrow_s[i], c] = o[i, c]
+                    Opart[tile.partial_row(i), c] = o[i, c]
             for i in T.Parallel(tile_rows):
                 if real(tile, i):
-                    LSEpart[tile.split * RQ + qrow_s[i]] = lse[i]
+                    LSEpart[tile.partial_row(i)] = lse[i]
 
     return load_queries, store
 
@@ -235,12 +239,13 @@ def decode_prim_func(dim: int, dim_v: int, dtype: str, cache_dtype: str, kernel)
     (RQ = B x Sq x H); K (NR, Hkv, dim) and V (NR, Hkv, dim_v) the cache as rows, in ``cache_dtype`` (NR = pages x
     page_size); BlockTable (B, MB) int32 page of each logical block; SeqlensK (B,) int32 keys of
     each entry *after* the append; Leftpad (B,) int32 first visible key; O (RQ, dim_v) rows like
-    Q and LSE (RQ,) fp32, the (B, H, Sq) lse flat (both written only when ``num_splits == 1``);
-    Opart (P, dim_v) and LSEpart (P,) fp32 partials, row ``split * RQ + (b * Sq + t) * H + h``
-    (written only when ``num_splits > 1``); Sinks (H,) fp32 (read only with sinks); KDescale /
-    VDescale (B, Hkv) fp32 (read by the FP8 schedule only); scalars ``score_scale``,
-    ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds, ``num_splits``,
-    ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two; 31 for a
+    Q and LSE (RQ,) fp32, the (B, H, Sq) lse flat (written by ``decode_kernel`` with
+    ``num_splits == 1``); Opart (P, dim_v) and LSEpart (P,) fp32 partials, row ``slot x
+    tile_rows + tile row`` (``SplitTile.partial_row``; ``schedule``'s slots); Sinks (H,) fp32
+    (read only with sinks); KDescale / VDescale (B, Hkv) fp32 (read by the FP8 schedule only);
+    scalars ``score_scale``, ``cap_in`` (as in ``fwd``), ``left``/``right`` window bounds,
+    ``num_splits`` (``decode_kernel``: uniform splits per segment; ``decode_ws``: the number of
+    CTAs, ``schedule``'s workers), ``page_size`` and its log2 ``page_shift`` (-1 when not a power of two; 31 for a
     contiguous cache, whose visible keys all sit on page 0), ``Sq`` query tokens per entry.
     """
     B, H, Hkv, NR, MB, P, RQ = T.dynamic("B, H, Hkv, NR, MB, P, RQ")
@@ -359,8 +364,12 @@ def decode_kernel(
             # in its griddepcontrol.wait) once every decode CTA has started, instead of after
             # the last one ends.  A no-op when nothing depends on this launch.
             T.pdl_trigger()
-            tile = SplitTile(bx // num_splits, bx % num_splits, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
-                             num_splits, block_n, KDescale, score_scale, cap_in, False, has_softcap)
+            # Segment g = (entry, kv head, row tile) in ``schedule``'s order, split ``split`` of
+            # ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot that + g.
+            row_tile, split = bx // num_splits, bx % num_splits
+            g = (b * Hkv + hk) * T.ceildiv((H // Hkv) * Sq, block_m) + row_tile
+            tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (split, split + 1, num_splits),
+                             block_n, KDescale, score_scale, cap_in, False, has_softcap, slot=g * (num_splits + 1) + split)
             load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
             T.clear(o)
             T.clear(l)
@@ -406,7 +415,7 @@ def decode_kernel(
                     T.gemm(p, v_s, o, policy=FULL_ROW)
 
             store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
-                  RQ, num_splits, None)
+                  num_splits, None)
 
     return decode_prim_func(dim, dim_v, dtype, dtype, kernel)
 
@@ -479,12 +488,13 @@ def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
 
 class Schedule(NamedTuple):
     """How one cache is decoded: the kernel builder and its tiles, CTAs resident per SM, and
-    splits per CTA (``decode_ws`` runs two, one per consumer warpgroup)."""
+    consumer warpgroups per CTA, each writing its own partials (``decode_ws``: two or three;
+    ``decode_kernel``: 1)."""
 
     kernel: object
     cfg: dict
     ctas_per_sm: int
-    splits_per_cta: int
+    consumers: int
 
 
 def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None) -> Schedule:
@@ -527,15 +537,29 @@ def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
 
 
 def split_count(requested: int, ctas: int, n_blocks: int, sms: int, sched: Schedule, partial_rows: int) -> int:
-    """Splits of each row tile's keys: ``requested`` if > 0, else ``choose_splits`` for the
-    GPU's ``sms`` (``ctas`` CTAs without splitting, ``n_blocks`` key blocks at most); at most
-    ``MAX_SPLITS`` and what keeps the partials' ``splits x partial_rows`` elements indexable in
-    32 bits; a multiple of the schedule's splits per CTA."""
-    per = sched.splits_per_cta
-    if requested <= 0:  # CTAs to fill the GPU, each running ``per`` splits of >= 2 blocks
-        requested = per * choose_splits(ctas, n_blocks // per, sms * sched.ctas_per_sm)
-    n = max(1, min(requested, MAX_SPLITS, (2**31 - 1) // partial_rows))
-    return max(per, n - n % per)
+    """``decode_kernel``: splits of each row tile's keys: ``requested`` if > 0, else
+    ``choose_splits`` for the GPU's ``sms`` (``ctas`` CTAs without splitting, ``n_blocks`` key
+    blocks at most); at most ``MAX_SPLITS`` and what keeps the partials' ``(splits + 1) x
+    partial_rows`` elements (``schedule``'s slots) indexable in 32 bits."""
+    if requested <= 0:
+        requested = choose_splits(ctas, n_blocks, sms * sched.ctas_per_sm)
+    return max(1, min(requested, MAX_SPLITS, (2**31 - 1) // partial_rows - 1))
+
+
+def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: Schedule) -> int:
+    """``decode_ws``: CTAs (``schedule``'s workers) over ``segments`` (entry, kv head, row
+    tile) segments of at most ``n_blocks`` key blocks, each CTA's C consumers sharing its part.
+    ``requested`` > 0 splits per segment: a multiple of C of them (at least C), so a whole
+    number of CTAs per segment.  Otherwise one CTA per SM while the segments are fewer (the
+    last CTA then takes a fraction of a segment: no SM idles for want of a whole segment;
+    NOTES, fifteenth session), each consumer with at least two blocks; else one per segment."""
+    per = sched.consumers
+    if requested > 0:
+        return segments * max(1, requested // per)
+    slots = sms * sched.ctas_per_sm
+    if segments >= slots:
+        return segments
+    return max(segments, min(slots, segments * (n_blocks // (2 * per))))
 
 
 def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
@@ -562,22 +586,29 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     _, decode, combine = launch.memo(("decode", *structure, id(sched)),
                                      lambda: (sched, *get_decode_kernels(*structure, sched)))
     capacity = k_cache.shape[1] * table.shape[1]
+    n_blocks = -(-capacity // sched.cfg["block_n"])
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
-    # Partials are indexed with 32 bits: (splits * b * sq * h) rows of dv floats.
-    num_splits = split_count(num_splits, b * hkv * row_tiles, -(-capacity // sched.cfg["block_n"]), target.sm_count(dev),
-                             sched, b * sq * h * dv)
+    segments, tile_rows = b * hkv * row_tiles, min(BLOCK_M, (h // hkv) * sq)
+    if sched.consumers > 1:  # decode_ws: num_splits is its CTA count, always with partials
+        consumers = sched.consumers
+        workers = num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
+    else:  # decode_kernel: num_splits uniform splits per segment
+        consumers = 1
+        num_splits = split_count(num_splits, segments, n_blocks, target.sm_count(dev), sched, segments * tile_rows * dv)
+        workers = segments * num_splits
     sinks32 = sinks.float().contiguous() if sinks is not None else launch.placeholder((h,), dev)
     if softcap > 0:
         score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap
     else:
         score_scale, cap_in = softmax_scale * LOG2E, 0.0
     left, right = host_window(window)
-    if num_splits == 1:  # the partials are neither written nor read
-        opart, lsepart = launch.placeholder((1, dv), dev), launch.placeholder((1,), dev)
-    else:
-        rows_total = num_splits * b * sq * h
+    combined = consumers > 1 or num_splits > 1
+    if combined:  # slots c + g of the workers' parts (schedule), C consumers each
+        rows_total = (workers + segments) * consumers * tile_rows
         opart = debug.new_output((rows_total, dv), torch.float32, dev)
         lsepart = debug.new_output((rows_total,), torch.float32, dev)
+    else:  # the partials are neither written nor read
+        opart, lsepart = launch.placeholder((1, dv), dev), launch.placeholder((1,), dev)
     page_size = k_cache.shape[1]
     if block_table is None:
         # A contiguous cache is one page per entry: every visible key j < capacity < 2^31 is on
@@ -593,8 +624,8 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
            out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
            page_size, page_shift, sq)
-    if num_splits > 1:
-        combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, num_splits)
+    if combined:
+        combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, workers, consumers)
     return out, lse
 
 
@@ -650,8 +681,10 @@ def unsupported_reason(q, k_cache, v_cache):
         return "non-contiguous k_cache / v_cache"
     if k_cache.shape[0] * k_cache.shape[1] >= 2**31:
         return "a cache of 2^31 or more token rows (32-bit row indices)"
-    # An FP8 cache always writes two splits' fp32 partials (decode_ws), indexed in 32 bits.
-    limit = 2**30 if k_cache.dtype != q.dtype else 2**31
+    # An FP8 cache always writes fp32 partials (decode_ws): up to 2 x 3 slots of up to 64 rows
+    # per segment (worker_count, schedule; a partly used second row tile doubles a segment's
+    # rows), indexed in 32 bits.
+    limit = 2**27 if k_cache.dtype != q.dtype else 2**31
     if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) >= limit:
         return f"q / out with 2^{limit.bit_length() - 1} or more elements (32-bit indices; split the batch)"
     return None

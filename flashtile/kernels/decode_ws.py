@@ -13,14 +13,18 @@ Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
   else by ``cp.async`` (16 bytes per copy; each producer thread looks up its own key row
   through the block table, so any page size works, as in ``decode.py``), each stage's full
   mbarrier completed by the copies themselves;
-- two or three consumer warpgroups each run their own split of the key range (the CTA runs
-  splits ``C c .. C c + C - 1``; the producer interleaves their blocks, each into stages that
+- the grid is ``num_splits`` CTAs over the (entry, kv head, row tile) segments, each CTA a
+  fraction of a segment's key blocks that may cross into the next segment (``schedule``'s
+  worker shares: the CTA count need not be a multiple of the segment count, so every SM gets
+  work; NOTES, fifteenth session).  The CTA runs its one or two parts in turn;
+- two or three consumer warpgroups take every C-th key block of each part (consumer ``w``
+  the ``w``-th; the producer streams the part's blocks in order, each into a stage its
   consumer owns: ``ring_stage``): a consumer widens its block from the raw stage into its own
   fp16 tile (``cvt`` of e4m3 pairs, exact; rows outside the sequence as 0), releases the
   stage, and runs the GEMMs (Q K^T, P V in fp16, fp32 accumulation) and the online softmax as
-  ``decode.py`` does, so one consumer's widening and softmax run under the others' GEMMs.  All
-  write fp32 partials, which ``combine.py`` merges, so an FP8 cache always runs a multiple of
-  C splits.
+  ``decode.py`` does, so one consumer's widening and softmax run under the others' GEMMs.  Each
+  consumer writes an fp32 partial per part (slot ``(c + g) C + w``), which ``combine.py``
+  merges, so an FP8 cache always runs at least C splits.
 
 Measured on an H100 (B=8 32k, FP8 vs the bf16 cache): 1.53x with the consumers widening
 (74% of the bandwidth); the producer widening every block was its own serial chain (1.24x with
@@ -46,6 +50,7 @@ import tilelang
 import tilelang.language as T
 
 from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
+from .schedule import split_part
 from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
 
@@ -55,7 +60,7 @@ PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own us
 TMA_BOX = 16  # FP8 cache rows per TMA box: any page size that is a multiple of 16 takes TMA
 CONSUMER_SYNC = 11  # named barriers 11, 12 (, 13): one per consumer warpgroup (FP8: after its widening)
 COPY_BYTES = 16  # one cp.async
-CONSUMERS = 2  # consumer warpgroups, one split each, where ``ws_config`` does not choose
+CONSUMERS = 2  # consumer warpgroups (each a partial per part) where ``ws_config`` does not choose
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on Hopper
 # Registers per thread (setmaxnreg) by consumer count: the producer copies and computes
 # addresses; the consumers hold S, P and O (167 registers measured with one consumer).  128
@@ -134,10 +139,10 @@ def decode_ws_kernel(
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
-    a multiple of ``consumers`` (C, 2 or 3): CTA ``bx`` of a (row tile, kv head, entry) runs
-    splits ``C c .. C c + C - 1`` (``c = bx % (num_splits / C)``) on its C consumer
-    warpgroups, which share the producer, the Q rows and the block stream (the producer
-    interleaves their blocks), and write partials that ``combine.py`` merges.
+    the number of CTAs (``schedule``'s workers, at least the number of segments): CTA ``c``
+    runs its share of the segments (``part_tile``) on its ``consumers`` (C, 2 or 3)
+    warpgroups, which share the producer and the block stream (every C-th block each), and
+    write partials that ``combine.py`` merges.
 
     An FP8 cache: the producer copies FP8 blocks into the raw ring (TMA: one box per block
     when blocks sit on one page, boxes of ``tma_box`` rows when the page size is a multiple of
@@ -166,11 +171,40 @@ def decode_ws_kernel(
     k_copies, v_copies = dim // per_copy, dim_v // per_copy  # 16-byte copies per row
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
-    load_queries, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
+    _, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
 
-    def split_blocks(tile, c):
-        """Block counts of the CTA's splits ``C c + w`` (registers; never growing with ``w``)."""
-        return [T.alloc_var(T.int32, init=tile.blocks(consumers * c + w)[1])[0] for w in range(consumers)]
+    def consumer_blocks(tile, w):
+        """Blocks of the part that consumer ``w`` runs: every C-th from the part's ``w``-th
+        (so counts never grow with ``w``, and the stream reads the part's blocks in order)."""
+        return (tile.my_blocks - w + consumers - 1) // consumers
+
+    def consumer_counts(tile):
+        """Every consumer's ``consumer_blocks`` of the part, as registers."""
+        return [T.alloc_var(T.int32, init=consumer_blocks(tile, w))[0] for w in range(consumers)]
+
+    def key_block(tile, w, i):
+        """Consumer ``w``'s ``i``-th key block of the part."""
+        return tile.kb_first + w + consumers * i
+
+    def part_tile(args, part):
+        """(SplitTile, live) of CTA ``c``'s part ``part`` (``args``: ``c`` and the kernel
+        arguments below, one tuple the macros pass on) (``schedule.split_part`` over the
+        ``num_splits`` CTAs and the segments (entry, kv head, row tile), row tile fastest);
+        ``live`` is false for an empty part (its segment index is clamped, so nothing past
+        the tensors is read).  Its consumers' partials: slots ``(c + g) C + w``."""
+        c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in = args
+        row_tiles = T.alloc_var(T.int32, init=T.ceildiv((H // Hkv) * Sq, BLOCK_M))[0]
+        segments = T.alloc_var(T.int32, init=SeqlensK.shape[0] * Hkv * row_tiles)[0]
+        g, u0, u1 = split_part(c, part, num_splits, segments, lambda x: T.alloc_var(x.dtype, init=x)[0])
+        seg = T.alloc_var(T.int32, init=g)[0]
+        u0 = T.alloc_var(T.int32, init=u0)[0]
+        u1 = T.alloc_var(T.int32, init=u1)[0]
+        gc = T.alloc_var(T.int32, init=T.min(seg, segments - 1))[0]
+        hk = T.alloc_var(T.int32, init=gc // row_tiles % Hkv)[0]
+        b = T.alloc_var(T.int32, init=gc // row_tiles // Hkv)[0]
+        tile = SplitTile(gc % row_tiles, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (u0, u1, num_splits), block_n,
+                         KDescale, score_scale, cap_in, widen, has_softcap, slot=(c + seg) * consumers)
+        return tile, T.And(seg < segments, u0 < u1)
 
     per = num_stages // consumers  # ring stages of each consumer
 
@@ -288,27 +322,28 @@ def decode_ws_kernel(
                         X_s[wg, r, c0 + e] = T.if_then_else(tile.holds(n0 + r), x, T.cast(0, WIDE)) if masked else x
 
     @T.macro
-    def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, ct, wg):
-        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens raw stage ``st``, its
-        ``i``-th block, into its own fp16 tile, 8 values
+    def widen_mine(k_s, v_s, k_ring, v_ring, tile, st, kb, ct, wg):
+        """Consumer warpgroup ``wg`` (thread ``ct`` of 128) widens raw stage ``st``, which holds
+        key block ``kb``, into its own fp16 tile, 8 values
         per copy.  Rows outside the entry's keys ``[lp, seqlen_k)`` become 0: TMA reads whole
         blocks, whose rows there may hold stale or NaN bytes (by-row copies load the nearest
         valid key instead); the mask gives those keys zero weight, and 0 * a finite V row is 0.
-        Only a split's boundary blocks check their rows: the check was ~6 integer instructions
+        Only a part's boundary blocks check their rows: the check was ~6 integer instructions
         per 8 values in the consumers' step, the FP8 decode's limit (H100, B=8 32k: 204 ->
         202 us, 4 query tokens 212 -> 209, B=1 131k 112 -> 111: NOTES, fourteenth session)."""
-        # The block's first key from this warpgroup's own split.
-        n0 = T.alloc_var(T.int32, init=(tile.kb_first + i) * block_n)
+        n0 = T.alloc_var(T.int32, init=kb * block_n)
         if tile.holds(n0, block_n):
             widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, False)
         else:
             widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, True)
 
     @T.macro
-    def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, pt, page_size, page_shift):
-        """The producer's stream: round ``i`` takes block ``i`` of every split that has one (split
-        order), each into its consumer's next stage (``stage``) once that consumer has released
-        the stage's previous block, so each consumer runs up to ``per`` blocks ahead.
+    def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, pt, page_size, page_shift):
+        """The producer's stream, part by part of the CTA's share (``part_tile``): round ``i``
+        takes block ``i`` of every consumer that has one (consumer order, so the part's blocks
+        in key order), each into its consumer's next stage (``stage``, counted over both
+        parts: ``issued``) once that consumer has released the stage's previous block, so each
+        consumer runs up to ``per`` blocks ahead.
 
         FP8: only copies, one TMA box per block when every block sits on one page (a contiguous
         cache, or pages of a multiple of ``block_n`` keys), boxes of ``box`` rows when the pages
@@ -317,36 +352,64 @@ def decode_ws_kernel(
         boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)  A 16-bit
         cache: rows looked up, then warp-coalesced cp.async (``fetch``)."""
         u = T.alloc_var(T.int32, init=0)  # blocks issued so far (``fetch``'s row-table buffer)
+        issued = T.alloc_local([consumers], T.int32)  # per consumer: blocks of earlier parts
+        for w in T.unroll(consumers):
+            issued[w] = 0
         rows_r = T.alloc_local([block_n // box], T.int32)  # the next block's TMA box rows (``tma_rows``)
-        for i in T.serial(counts[0]):
-            for w, count in enumerate(counts):  # unrolled in Python (TileLang turns ``range`` into a loop)
-                if i < count:
-                    st = stage(w, i)
-                    kb = T.alloc_var(T.int32, init=tile.kb_first + w * tile.per_split + i)
-                    if widen:  # the table lookups before the wait
-                        if whole_block_box(page_size, page_shift):
-                            tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
-                        elif page_boxes(page_size):
-                            tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
-                    T.barrier_wait(empty[st], phase(i) ^ 1)  # a fresh barrier passes parity 1
-                    if not widen:
-                        fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
-                        T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
-                    elif whole_block_box(page_size, page_shift):
-                        tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
-                    elif page_boxes(page_size):
-                        tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
-                    else:
-                        issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
-                        T.cp_async_barrier_noinc(full[st])
-                    u += 1
+        for part in T.serial(2):
+            tile, live = part_tile(parts, part)
+            if live:
+                counts = consumer_counts(tile)
+                for i in T.serial(counts[0]):
+                    for w, count in enumerate(counts):  # unrolled in Python (TileLang turns ``range`` into a loop)
+                        if i < count:
+                            st = stage(w, issued[w] + i)
+                            kb = T.alloc_var(T.int32, init=key_block(tile, w, i))
+                            if widen:  # the table lookups before the wait
+                                if whole_block_box(page_size, page_shift):
+                                    tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
+                                elif page_boxes(page_size):
+                                    tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
+                            T.barrier_wait(empty[st], phase(issued[w] + i) ^ 1)  # a fresh barrier passes parity 1
+                            if not widen:
+                                fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
+                                T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
+                            elif whole_block_box(page_size, page_shift):
+                                tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
+                            elif page_boxes(page_size):
+                                tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
+                            else:
+                                issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
+                                T.cp_async_barrier_noinc(full[st])
+                            u += 1
+                for w, count in enumerate(counts):
+                    issued[w] = issued[w] + count
+
+    @T.macro
+    def load_my_queries(Q, q_s, tok_s, tile, wg, ct, H, Sq):
+        """Consumer ``wg``'s 64 tile rows of the part's segment: their query tokens into
+        ``tok_s`` (the mask's rows) and their Q rows into its own rows of ``q_s`` as fp16
+        (rows past the tile's real rows as 0), between two barriers of its 128 threads (the
+        previous part's GEMMs and softmax are done with both; the WGMMAs read the new rows)."""
+        T.sync_threads(CONSUMER_SYNC + wg, 128)
+        if ct < BLOCK_M:
+            tok_s[wg * BLOCK_M + ct] = (tile.r0 + ct) // tile.group
+        for it in T.unroll(BLOCK_M * dim // 8 // 128):
+            r = (it * 128 + ct) // (dim // 8)
+            c0 = (it * 128 + ct) % (dim // 8) * 8
+            j = T.alloc_var(T.int32, init=T.min(tile.r0 + r, tile.rows - 1))  # a real row (clamped)
+            qrow = T.alloc_var(T.int32, init=(tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group)
+            for e in T.vectorized(8):
+                q_s[wg * BLOCK_M + r, c0 + e] = T.if_then_else(tile.r0 + r < tile.rows, T.cast(Q[qrow, c0 + e], wide),
+                                                                T.cast(0, wide))
+        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+        T.sync_threads(CONSUMER_SYNC + wg, 128)
 
     @T.macro
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
-        H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
-        groups = num_splits // consumers  # CTAs per (row tile, kv head, entry)
-        with T.Kernel(groups * T.ceildiv((H // Hkv) * Sq, BLOCK_M), Hkv, B, threads=consumer_threads + 128) as (bx, hk, b):
+        H, Hkv = Sinks.shape[0], K.shape[1]
+        with T.Kernel(num_splits, threads=consumer_threads + 128) as c:
             q_s = T.alloc_shared([rows, dim], wide)
             k_ring = T.alloc_shared([num_stages, block_n, dim], cache_dtype)
             v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
@@ -365,47 +428,49 @@ def decode_ws_kernel(
             tx = T.get_thread_binding()
             wg = T.alloc_var(T.int32, init=T.min(tx // 128, consumers))  # consumers: the producer
             T.pdl_trigger()  # the combine may launch early (decode.decode_kernel)
-            # This warpgroup's split (the producer's registers describe split C c).
-            tile = SplitTile(bx // groups, consumers * (bx % groups) + wg % consumers, hk, b, H, Hkv, Sq, SeqlensK,
-                             Leftpad, left, right, num_splits, block_n, KDescale, score_scale, cap_in, widen,
-                             has_softcap)
-            counts = split_blocks(tile, bx % groups)
-            load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
-            T.fence_proxy_async()  # every writer of q_s, before the barrier: the WGMMAs read it (async proxy)
-            T.sync_threads()  # q_s and the row tables, for every thread (no sync pass here)
+            parts = (c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in)
+            T.sync_threads()  # the barriers' initialisation, for every thread (no sync pass here)
             if tx >= consumer_threads:  # producer (a condition on the thread index: TileLang lays the fragments out over the consumers)
                 T.set_max_nreg(producer_regs, 0)
-                produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, tile, counts, tx - consumer_threads,
-                        page_size, page_shift)
-            else:  # consumer warpgroups: split C c + wg each
+                produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx - consumer_threads, page_size,
+                        page_shift)
+            else:  # consumer warpgroups: every C-th block of each part, from the wg-th
                 T.set_max_nreg(consumer_regs, 1)
-                T.clear(o)
-                T.clear(l)
-                T.fill(m, neg_inf)
-                for i in T.serial(tile.my_blocks):
-                    st = T.alloc_var(T.int32, init=stage(wg, i))
-                    T.barrier_wait(full[st], phase(i))
-                    if widen:
-                        # Widen this block into our own tile (our previous GEMMs have finished
-                        # reading it), release the raw stage, then one barrier of our 128
-                        # threads before the WGMMAs read the whole tile.
-                        widen_mine(k_s, v_s, k_ring, v_ring, tile, st, i, tx % 128, wg)
-                        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-                        T.barrier_arrive(empty[st])
-                        T.sync_threads(CONSUMER_SYNC + wg, 128)
-                    else:
-                        T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
-                    T.gemm(q_s, k_s[wg if widen else st, :, :], s, transpose_B=True, clear_accum=True,
-                           policy=FULL_ROW)
-                    update(s, m, m_prev, m_safe, alpha, row_sum, l, (tile.kb_first + i) * block_n, tile.t_first,
-                           tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
-                    T.copy(s, p)
-                    for r, c in T.Parallel(rows, dim_v):
-                        o[r, c] *= alpha[r]
-                    T.gemm(p, v_s[wg if widen else st, :, :], o, policy=FULL_ROW)
-                    if not widen:
-                        T.barrier_arrive(empty[st])
-                store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
-                      lrow_s, tile, RQ, num_splits, VDescale[b, hk] if widen else None)
+                done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
+                for part in T.serial(2):
+                    tile, live = part_tile(parts, part)
+                    if live:
+                        load_my_queries(Q, q_s, tok_s, tile, wg, tx % 128, H, Sq)
+                        T.clear(o)
+                        T.clear(l)
+                        T.fill(m, neg_inf)
+                        mine = T.alloc_var(T.int32, init=consumer_blocks(tile, wg))
+                        for i in T.serial(mine):
+                            st = T.alloc_var(T.int32, init=stage(wg, done + i))
+                            kb = T.alloc_var(T.int32, init=key_block(tile, wg, i))
+                            T.barrier_wait(full[st], phase(done + i))
+                            if widen:
+                                # Widen this block into our own tile (our previous GEMMs have
+                                # finished reading it), release the raw stage, then one barrier
+                                # of our 128 threads before the WGMMAs read the whole tile.
+                                widen_mine(k_s, v_s, k_ring, v_ring, tile, st, kb, tx % 128, wg)
+                                T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
+                                T.barrier_arrive(empty[st])
+                                T.sync_threads(CONSUMER_SYNC + wg, 128)
+                            else:
+                                T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
+                            T.gemm(q_s, k_s[wg if widen else st, :, :], s, transpose_B=True, clear_accum=True,
+                                   policy=FULL_ROW)
+                            update(s, m, m_prev, m_safe, alpha, row_sum, l, kb * block_n, tile.t_first, tile.t_last,
+                                   tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
+                            T.copy(s, p)
+                            for r, cc in T.Parallel(rows, dim_v):
+                                o[r, cc] *= alpha[r]
+                            T.gemm(p, v_s[wg if widen else st, :, :], o, policy=FULL_ROW)
+                            if not widen:
+                                T.barrier_arrive(empty[st])
+                        store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
+                              lrow_s, tile, 0, VDescale[tile.b, tile.hk] if widen else None)
+                        done += mine
 
     return decode_prim_func(dim, dim_v, dtype, cache_dtype, kernel)

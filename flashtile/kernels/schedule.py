@@ -51,3 +51,66 @@ def tile_pair(item, half, n_qb, pairs, H):
     row = item // pairs
     mirror = n_qb - 1 - pair
     return row % H, row // H, T.if_then_else(half == 0, pair, mirror), T.Or(half == 0, mirror != pair)
+
+
+# --- split-KV decode: CTA shares of key ranges ------------------------------------------------
+#
+# Decode work is ``S`` segments (one per (batch entry, kv head, row tile)), each a run of key
+# blocks, shared by ``G >= S`` workers (CTAs).  Worker ``c`` takes the units ``[c S, (c+1) S)``
+# of ``[0, S G)``, where segment ``g`` spans ``[g G, (g+1) G)``: a fraction ``S / G`` of a
+# segment, so it touches at most two segments (its "parts" 0 and 1).  With ``G = S x splits``
+# this is the uniform split of every segment into ``splits`` shares; any other ``G`` (e.g. the
+# SM count) fills the GPU without a whole number of CTAs per segment.  A segment's real block
+# count ``n`` (device-side: lengths, masks) is cut at ``floor(u n / G)``, so the parts tile it.
+#
+#      S = 2 segments, G = 3 workers:   units 0 . . | 3 . . | (segment g = 0, 1; G = 3 units each)
+#      worker 0: [0, 2)  -> segment 0, units [0, 2)
+#      worker 1: [2, 4)  -> segment 0, units [2, 3)   and segment 1, units [0, 1)
+#      worker 2: [4, 6)  -> segment 1, units [1, 3)
+#
+# Partial results: worker ``c``'s part on segment ``g`` owns slot ``c + g`` (unique: no two
+# (worker, segment) pairs share a sum), so segment ``g``'s slots are the contiguous run from
+# ``first + g`` over its ``count`` workers (``segment_workers``) and a combine needs no table.
+# The helpers take Python ints (host, tests) or TileLang int32 expressions (kernels; products
+# in 64 bits, since ``c S`` and ``u n`` outgrow 32).
+
+
+def _wide(x):
+    return x if isinstance(x, int) else T.Cast("int64", x)
+
+
+def _narrow(x):
+    return x if isinstance(x, int) else T.Cast("int32", x)
+
+
+def _min(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else T.min(a, b)
+
+
+def _max(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else T.max(a, b)
+
+
+def split_part(c, part, workers, segments, reg=lambda x: x):
+    """Part ``part`` (0 or 1) of worker ``c``'s share: (segment, u0, u1), its units of that
+    segment in ``[0, workers)``; the part is empty unless ``u0 < u1`` (part 1 of a worker whose
+    share ends inside its first segment, or past the last one).  ``reg``: how a kernel keeps
+    an intermediate in a register (else TileLang repeats its 64-bit division at every use)."""
+    cs = reg(_wide(c) * segments)
+    g = reg(cs // workers + part)
+    return _narrow(g), _narrow(_max(cs - g * workers, 0)), _narrow(_min(cs + segments - g * workers, workers))
+
+
+def share_blocks(u0, u1, n, workers):
+    """(first block offset, block count) of units ``[u0, u1)`` of a segment of ``n`` blocks."""
+    first = _wide(u0) * n // workers
+    return _narrow(first), _narrow(_wide(u1) * n // workers - first)
+
+
+def segment_workers(g, workers, segments):
+    """(first worker, worker count) whose shares touch segment ``g``; their parts on it own
+    slots ``first + g .. first + g + count - 1``."""
+    gw = _wide(g) * workers
+    first = gw // segments
+    last = (gw + workers - 1) // segments
+    return _narrow(first), _narrow(last - first + 1)
