@@ -13,7 +13,8 @@ the output against the first variant's and prints µs, % of the read bandwidth m
 same run, and (``--fp8``) the speed-up over the bf16 cache.  ``--precompile`` builds the
 variants (no GPU needed).  ``num_splits`` is not a tile parameter but the call's own argument
 (0: the launcher's choice), so it varies without a new kernel.  ``ws16=1`` sends a 16-bit
-cache through ``decode_ws``'s schedule (``decode.WS_16BIT``) for that variant.
+cache through ``decode_ws``'s schedule (``decode.WS_16BIT``) for that variant; ``fractional=0/1``
+forces whole or fractional CTA shares of the FP8 schedule (``decode.FRACTIONAL``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def parse(v: str) -> dict:
 
 def tiles(variant: dict) -> dict | None:
     """A variant's tile parameters (``decode.CFG_OVERRIDE``): all but ``num_splits`` and ``ws16``."""
-    return {k: x for k, x in variant.items() if k not in ("num_splits", "ws16")} or None
+    return {k: x for k, x in variant.items() if k not in ("num_splits", "ws16", "fractional")} or None
 
 
 def main(argv=None) -> int:
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
         ref = None
         for v in variants:
             dm.CFG_OVERRIDE, dm.WS_16BIT = tiles(v), bool(v.get("ws16", 0))
+            dm.FRACTIONAL = None if "fractional" not in v else bool(v["fractional"])
             splits = v.get("num_splits", 0)
             call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
                                                    num_splits=splits, **kw)
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
             vs = f" {t16 / t:5.2f}x bf16 cache" if t16 else ""
             print(f"{case:>18} {str(v):56s} {t * 1e6:8.1f} us {100 * nbytes / t / bw:5.1f} %bw{vs}  diff {diff:.1e}",
                   flush=True)
-        dm.CFG_OVERRIDE, dm.WS_16BIT = None, False
+        dm.CFG_OVERRIDE, dm.WS_16BIT, dm.FRACTIONAL = None, False, None
         del kc, vc, kcache, vcache
     return 0
 

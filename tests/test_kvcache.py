@@ -455,9 +455,13 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
             if requested:
                 assert g % segments == 0 and g // segments == max(1, requested // 3)  # whole CTAs per segment
             assert 1 <= split_count(requested, segments, blocks, 132, bf16, 32 * 128) <= MAX_SPLITS
-    # Default: one CTA per SM while segments are fewer (B=8, 8 kv heads: 64 segments, 132 CTAs,
-    # not 128 = 64 x 2), each consumer with at least two blocks; else one CTA per segment.
-    assert worker_count(0, 64, 512, 132, sched) == 132
+    # Default: whole CTAs per segment where one wave of them fills 95% of the SMs (B=8, 8 kv
+    # heads: 64 segments x 2 = 128 of 132), else one CTA per SM (B=6: 132, not 96), each
+    # consumer with at least two blocks; one CTA per segment from as many segments as SMs.
+    assert worker_count(0, 64, 512, 132, sched) == 128
+    assert worker_count(0, 8, 512, 132, sched) == 128
+    assert worker_count(0, 48, 512, 132, sched) == 132
+    assert worker_count(0, 96, 512, 132, sched) == 132
     assert worker_count(0, 8, 12, 132, sched) == 16
     assert worker_count(0, 512, 512, 132, sched) == 512
     assert worker_count(7, 8, 128, 132, sched) == 16  # a requested count rounds down to triples

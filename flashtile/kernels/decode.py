@@ -105,7 +105,7 @@ class SplitTile:
         def reg(dtype, value):
             return T.alloc_var(dtype, init=value)[0]
 
-        self.b, self.hk = b, hk
+        self.b, self.hk, self.H, self.Sq = b, hk, H, Sq
         self.group = reg(T.int32, H // Hkv)
         self.rows = reg(T.int32, self.group * Sq)
         self.tile_rows = reg(T.int32, T.min(self.rows, BLOCK_M))  # rows of a partial slot
@@ -130,6 +130,18 @@ class SplitTile:
         kd = reg(acc, KDescale[b, hk] if fp8 else 1.0)
         self.sc = reg(acc, score_scale * kd if (fp8 and not has_softcap) else score_scale)
         self.cap = reg(acc, cap_in * kd if fp8 else cap_in)
+
+    def out_row(self, i):
+        """Row of tile row ``i`` (a real one) in Q/O, ``(b Sq + t) H + h``: with ``x = r0 + i``
+        the row's index among the kv head's rows (token ``x // group``, head ``hk group + x %
+        group``), that is ``b Sq H + hk group + x + (x // group)(H - group)``."""
+        x = self.r0 + i % BLOCK_M
+        return self.b * self.Sq * self.H + self.hk * self.group + x + x // self.group * (self.H - self.group)
+
+    def lse_row(self, i):
+        """Row of tile row ``i`` (a real one) in the (B, H, Sq) lse: ``(b H + h) Sq + t``."""
+        x = self.r0 + i % BLOCK_M
+        return (self.b * self.H + self.hk * self.group + x % self.group) * self.Sq + x // self.group
 
     def partial_row(self, i):
         """Row of tile row ``i`` in the partials (``Opart``/``LSEpart``): slot ``slot + i //
@@ -167,19 +179,23 @@ def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: boo
     ``synced``: False for a kernel built without TileLang's sync pass (the macro then places
     its own barrier).
 
-    ``load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)``: each tile row's query
-    token, head, and its rows in Q/O and in the (B, H, Sq) lse, divided out once into shared
-    tables, so no copy or store below divides (TileLang widens index arithmetic to 64 bits;
+    ``load_queries(Q, q_s, tok_s, head_s, qrow_s, tile, H, Sq)``: each tile row's query
+    token, head, and its row in Q, divided out once into shared tables, so the copy below does
+    not divide (TileLang widens index arithmetic to 64 bits;
     64-bit divisions inlined in unrolled copy/store loops made the kernel 250 KB of SASS, whose
     instruction fetch dominated short caches: NOTES); then Q's rows into ``q_s`` as
     ``q_dtype`` (rows past the tile's real rows as 0).
 
     ``store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s,
-    qrow_s, lrow_s, tile, direct, out_scale)``: softmax.py's epilogue (O normalised,
+    tile, direct, out_scale)``: softmax.py's epilogue (O normalised,
     lse in natural log; the sink folded in here with one split, by the combine kernel
     otherwise), then O/lse or the part's fp32 partials (``tile.partial_row``), real rows only.
     ``direct``: the kernel argument that says whether this CTA writes O/lse itself (1) or
-    partials; the FP8 schedule always writes partials (``direct = 0``).
+    partials; the FP8 schedule always writes partials (``direct = 0``).  The rows of O, lse
+    and the partials are register arithmetic (``SplitTile.out_row`` ...), not table loads: a
+    shared-memory row table is re-read for every element of a ``T.Parallel`` store (64 loads
+    per thread, 64-bit addresses), in the epilogue that B=1 decode's short splits pay once
+    per CTA (NOTES, fifteenth session).
     """
     _, finish = online_softmax(tile_rows, block_n, dim_v, has_sinks, has_softcap)
     _, finish_partial = online_softmax(tile_rows, block_n, dim_v, False, has_softcap)  # sinks: combine.py
@@ -188,7 +204,7 @@ def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: boo
         return tile.r0 + i % BLOCK_M < tile.rows
 
     @T.macro
-    def load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq):
+    def load_queries(Q, q_s, tok_s, head_s, qrow_s, tile, H, Sq):
         b, r0, group = tile.b, tile.r0, tile.group
         for i in T.Parallel(tile_rows):
             tok_s[i] = (r0 + i % BLOCK_M) // group
@@ -196,38 +212,44 @@ def split_tile_io(dim: int, dim_v: int, dtype: str, q_dtype: str, has_sinks: boo
         for i in T.Parallel(tile_rows):
             # Rows past the tile's real rows point at row 0; they are never stored.
             qrow_s[i] = T.if_then_else(real(tile, i), (b * Sq + tok_s[i]) * H + head_s[i], 0)
-            lrow_s[i] = T.if_then_else(real(tile, i), (b * H + head_s[i]) * Sq + tok_s[i], 0)
         if not synced:
             T.sync_threads()
         for i, c in T.Parallel(tile_rows, dim):
             q_s[i, c] = T.if_then_else(real(tile, i), T.cast(Q[qrow_s[i], c], q_dtype), T.cast(0, q_dtype))
 
     @T.macro
-    def store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
-              direct, out_scale):
+    def store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, tile, direct,
+              out_scale):
+        # Each thread's rows as registers (a fragment laid out like o's rows): one division per
+        # row, not one per stored element.
+        row_f = T.alloc_fragment([tile_rows], T.int32)
         if direct == 1:
             finish(o, m, m_safe, alpha, row_sum, l, lse, GroupRows(tok_s, head_s, Sinks), tile.sc, out_scale)
+            for i in T.Parallel(tile_rows):
+                row_f[i] = tile.out_row(i)
             for i, c in T.Parallel(tile_rows, dim_v):
                 if real(tile, i):
-                    O[qrow_s[i], c] = T.cast(o[i, c], dtype)
+                    O[row_f[i], c] = T.cast(o[i, c], dtype)
             for i in T.Parallel(tile_rows):
                 if real(tile, i):
-                    LSE[lrow_s[i]] = lse[i]
+                    LSE[tile.lse_row(i)] = lse[i]
         else:
             finish_partial(o, m, m_safe, alpha, row_sum, l, lse, 0.0, tile.sc, out_scale)
+            for i in T.Parallel(tile_rows):
+                row_f[i] = tile.partial_row(i)
             for i, c in T.Parallel(tile_rows, dim_v):
                 if real(tile, i):
-                    Opart[tile.partial_row(i), c] = o[i, c]
+                    Opart[row_f[i], c] = o[i, c]
             for i in T.Parallel(tile_rows):
                 if real(tile, i):
-                    LSEpart[tile.partial_row(i)] = lse[i]
+                    LSEpart[row_f[i]] = lse[i]
 
     return load_queries, store
 
 
 def row_tables(rows: int):
-    """``split_tile_io``'s per-row shared tables (tok_s, head_s, qrow_s, lrow_s) for ``rows`` tile rows."""
-    return tuple(T.alloc_shared([rows], T.int32) for _ in range(4))
+    """``split_tile_io``'s per-row shared tables (tok_s, head_s, qrow_s) for ``rows`` tile rows."""
+    return tuple(T.alloc_shared([rows], T.int32) for _ in range(3))
 
 
 def decode_prim_func(dim: int, dim_v: int, dtype: str, cache_dtype: str, kernel):
@@ -357,7 +379,7 @@ def decode_kernel(
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
             row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
-            tok_s, head_s, qrow_s, lrow_s = row_tables(block_m)
+            tok_s, head_s, qrow_s = row_tables(block_m)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
 
             # Programmatic dependent launch: the combine kernel may launch (and wait, resident,
@@ -370,7 +392,7 @@ def decode_kernel(
             g = (b * Hkv + hk) * T.ceildiv((H // Hkv) * Sq, block_m) + row_tile
             tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (split, split + 1, num_splits),
                              block_n, KDescale, score_scale, cap_in, False, has_softcap, slot=g * (num_splits + 1) + split)
-            load_queries(Q, q_s, tok_s, head_s, qrow_s, lrow_s, tile, H, Sq)
+            load_queries(Q, q_s, tok_s, head_s, qrow_s, tile, H, Sq)
             T.clear(o)
             T.clear(l)
             T.fill(m, neg_inf)
@@ -414,8 +436,7 @@ def decode_kernel(
                         o[i, c] *= alpha[i]
                     T.gemm(p, v_s, o, policy=FULL_ROW)
 
-            store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s, lrow_s, tile,
-                  num_splits, None)
+            store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, tile, num_splits, None)
 
     return decode_prim_func(dim, dim_v, dtype, dtype, kernel)
 
@@ -433,6 +454,7 @@ ROW_CHUNK_BLOCKS = 32
 # ``flashtile bench --decode --tiles``).
 WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
 CFG_OVERRIDE: dict | None = None
+FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
@@ -549,17 +571,26 @@ def split_count(requested: int, ctas: int, n_blocks: int, sms: int, sched: Sched
 def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: Schedule) -> int:
     """``decode_ws``: CTAs (``schedule``'s workers) over ``segments`` (entry, kv head, row
     tile) segments of at most ``n_blocks`` key blocks, each CTA's C consumers sharing its part.
+
     ``requested`` > 0 splits per segment: a multiple of C of them (at least C), so a whole
-    number of CTAs per segment.  Otherwise one CTA per SM while the segments are fewer (the
-    last CTA then takes a fraction of a segment: no SM idles for want of a whole segment;
-    NOTES, fifteenth session), each consumer with at least two blocks; else one per segment."""
+    number of CTAs per segment.  Otherwise, with fewer segments than SMs: the most whole CTAs
+    per segment that fit one wave when they fill 95% of the SMs (B=8 and B=1 with 8 kv heads:
+    128 of 132), else one CTA per SM, the shares then fractions of a segment (two parts for
+    most CTAs; measured on an H100: 1-5% slower than 128 whole shares at B=8 and B=1 (NOTES,
+    fifteenth session), so only where whole shares leave more SMs idle); each consumer with
+    at least two blocks.  With as many segments as SMs or more: one CTA per segment.
+    ``FRACTIONAL`` (developer switch, the sweeps' ``fractional=0/1``) forces either."""
     per = sched.consumers
     if requested > 0:
         return segments * max(1, requested // per)
     slots = sms * sched.ctas_per_sm
     if segments >= slots:
         return segments
-    return max(segments, min(slots, segments * (n_blocks // (2 * per))))
+    most = max(1, min(slots // segments, n_blocks // (2 * per)))  # whole CTAs per segment in one wave
+    whole = segments * most >= 0.95 * slots  # (blocks bounding ``most``: the fraction below is ``most`` too)
+    if FRACTIONAL is not None:
+        whole = not FRACTIONAL
+    return segments * most if whole else max(segments, min(slots, segments * (n_blocks // (2 * per))))
 
 
 def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,

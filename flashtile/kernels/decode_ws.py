@@ -417,7 +417,7 @@ def decode_ws_kernel(
             k_s = T.alloc_shared([consumers, block_n, dim], WIDE) if widen else k_ring
             v_s = T.alloc_shared([consumers, block_n, dim_v], WIDE) if widen else v_ring
             rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
-            tok_s, head_s, qrow_s, lrow_s = row_tables(rows)
+            tok_s, head_s, _ = row_tables(rows)  # tok_s: the mask's rows (head_s: sinks, read by the direct store only)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
             # Ring stage ``stage(w, i)`` holds consumer w's block i: full after the producer's
             # 128 arrivals (and its TMA bytes), empty once the block's consumer has widened it
@@ -469,8 +469,8 @@ def decode_ws_kernel(
                             T.gemm(p, v_s[wg if widen else st, :, :], o, policy=FULL_ROW)
                             if not widen:
                                 T.barrier_arrive(empty[st])
-                        store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, qrow_s,
-                              lrow_s, tile, 0, VDescale[tile.b, tile.hk] if widen else None)
+                        store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, tile, 0,
+                              VDescale[tile.b, tile.hk] if widen else None)
                         done += mine
 
     return decode_prim_func(dim, dim_v, dtype, cache_dtype, kernel)
