@@ -5,7 +5,7 @@ read bandwidth, cuDNN / flash SDPA on the contiguous cache, and flash-attn if in
     python -m flashtile.bench_decode --out DIR [--quick]          # the same
 
 bf16, 32 query heads, 8 kv heads, d = 128; (batch, cache length) in CASES (issue 16's list: B=1
-8k and 128k, B=8 32k, B=32 8k, B=64 4k, B=128 2k, plus B=64 32k) x seqlen_q {1, 4} x layout
+8k and 128k, B=8 32k, B=32 8k, B=64 4k, B=128 2k, plus B=12 32k and B=64 32k) x seqlen_q {1, 4} x layout
 {contiguous, paged 16, paged 256}.  For each case:
 
 - ``flashtile``: attention over the cache (no new keys), ``num_splits=0`` (heuristic);
@@ -43,7 +43,8 @@ H, HKV, D = 32, 8, 128
 DT = torch.bfloat16
 
 
-CASES = [(1, 8192), (1, 131072), (8, 32768), (32, 8192), (64, 4096), (128, 2048), (64, 32768)]
+# B=12: 96 (entry, kv head) segments, a batch whose splits do not divide into the SMs
+CASES = [(1, 8192), (1, 131072), (8, 32768), (12, 32768), (32, 8192), (64, 4096), (128, 2048), (64, 32768)]
 QUICK = [(1, 8192), (8, 32768)]
 
 
