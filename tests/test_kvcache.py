@@ -451,40 +451,44 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
     for requested in (0, 1, 2, 3, 7, 500):
         for segments, blocks in ((8, 128), (512, 64), (1, 2), (2048, 4096), (131, 4096)):
             g = worker_count(requested, segments, blocks, 132, sched)
-            assert g >= segments, (requested, segments, blocks, g)  # at most two parts per CTA
+            assert g >= min(segments, 132), (requested, segments, blocks, g)
             if requested:
                 assert g % segments == 0 and g // segments == max(1, requested // 3)  # whole CTAs per segment
             assert 1 <= split_count(requested, segments, blocks, 132, bf16, 32 * 128) <= MAX_SPLITS
     # Default: whole CTAs per segment where one wave of them fills 95% of the SMs (B=8, 8 kv
     # heads: 64 segments x 2 = 128 of 132), else one CTA per SM (B=6: 132, not 96), each
-    # consumer with at least two blocks; one CTA per segment from as many segments as SMs.
+    # consumer with at least two blocks; from as many segments as SMs on, one persistent CTA per SM.
     assert worker_count(0, 64, 512, 132, sched) == 128
     assert worker_count(0, 8, 512, 132, sched) == 128
     assert worker_count(0, 48, 512, 132, sched) == 132
     assert worker_count(0, 96, 512, 132, sched) == 132
     assert worker_count(0, 8, 12, 132, sched) == 16
-    assert worker_count(0, 512, 512, 132, sched) == 512
+    assert worker_count(0, 512, 512, 132, sched) == 132
     assert worker_count(7, 8, 128, 132, sched) == 16  # a requested count rounds down to triples
     assert worker_count(1, 8, 128, 132, sched) == 8  # ... but never below one triple
 
 
-@pytest.mark.parametrize("segments", [1, 2, 3, 7, 64, 131])
-@pytest.mark.parametrize("extra", [0, 1, 5, 68, 131])
-def test_split_shares_tile_every_segment_once(segments, extra):
+@pytest.mark.parametrize("segments", [1, 2, 3, 7, 64, 131, 512])
+@pytest.mark.parametrize("workers", [1, 2, 5, 64, 132, 199, 264])
+def test_split_shares_tile_every_segment_once(segments, workers):
     """``schedule``'s worker shares: every key block of every segment in exactly one part,
-    at most two parts per worker, one slot per (worker, segment) pair, and the combine's
-    ``segment_workers`` naming exactly the workers whose parts touch the segment."""
-    from flashtile.kernels.schedule import segment_workers, share_blocks, split_part
+    at most ``max_parts`` parts per worker (two when workers >= segments), one slot per
+    (worker, segment) pair, and the combine's ``segment_workers`` naming exactly the workers
+    whose parts touch the segment."""
+    from flashtile.kernels.schedule import max_parts, segment_workers, share_blocks, split_part
 
-    workers = segments + extra
-    rng = random.Random(segments * 1000 + extra)
+    rng = random.Random(segments * 1000 + workers)
     n = [rng.choice([0, 1, 2, 5, 64, 513]) for _ in range(segments)]
     seen = [[0] * k for k in n]
     slots, touching = set(), {}
     for c in range(workers):
-        parts = [split_part(c, p, workers, segments) for p in (0, 1)]
+        parts = [split_part(c, p, workers, segments) for p in range(max_parts(workers, segments))]
         live = [(g, u0, u1) for g, u0, u1 in parts if g < segments and u0 < u1]
-        assert 1 <= len(live) <= 2 and live[0][0] == c * segments // workers, (c, parts)
+        assert live and live[0][0] == c * segments // workers, (c, parts)
+        assert [g for g, _, _ in live] == list(range(live[0][0], live[0][0] + len(live))), "parts not consecutive"
+        assert workers < segments or len(live) <= 2, (c, live)
+        g, u0, u1 = split_part(c, max_parts(workers, segments), workers, segments)
+        assert g >= segments or u0 >= u1, "a live part beyond max_parts"
         for g, u0, u1 in live:
             first, count = share_blocks(u0, u1, n[g], workers)
             for x in range(first, first + count):

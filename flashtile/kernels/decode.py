@@ -576,16 +576,18 @@ def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: 
     number of CTAs per segment.  Otherwise, with fewer segments than SMs: the most whole CTAs
     per segment that fit one wave when they fill 95% of the SMs (B=8 and B=1 with 8 kv heads:
     128 of 132), else one CTA per SM, the shares then fractions of a segment (two parts for
-    most CTAs; measured on an H100: 1-5% slower than 128 whole shares at B=8 and B=1 (NOTES,
-    fifteenth session), so only where whole shares leave more SMs idle); each consumer with
-    at least two blocks.  With as many segments as SMs or more: one CTA per segment.
-    ``FRACTIONAL`` (developer switch, the sweeps' ``fractional=0/1``) forces either."""
+    most CTAs: 1-5% slower than 128 whole shares at B=8 and B=1, 12-15% faster than 96 at B=6
+    and B=12; NOTES, fifteenth session), each consumer with at least two blocks.  With as many
+    segments as SMs or more: one CTA per SM, each streaming its segments back to back
+    (persistent), the producer running ahead across their boundaries.  ``FRACTIONAL``
+    (developer switch, the sweeps' ``fractional=0/1``) forces whole shares (one CTA per
+    segment at most) or fractional ones."""
     per = sched.consumers
     if requested > 0:
         return segments * max(1, requested // per)
     slots = sms * sched.ctas_per_sm
     if segments >= slots:
-        return segments
+        return segments if FRACTIONAL is False else slots
     most = max(1, min(slots // segments, n_blocks // (2 * per)))  # whole CTAs per segment in one wave
     whole = segments * most >= 0.95 * slots  # (blocks bounding ``most``: the fraction below is ``most`` too)
     if FRACTIONAL is not None:
@@ -713,8 +715,9 @@ def unsupported_reason(q, k_cache, v_cache):
     if k_cache.shape[0] * k_cache.shape[1] >= 2**31:
         return "a cache of 2^31 or more token rows (32-bit row indices)"
     # An FP8 cache always writes fp32 partials (decode_ws): up to 2 x 3 slots of up to 64 rows
-    # per segment (worker_count, schedule; a partly used second row tile doubles a segment's
-    # rows), indexed in 32 bits.
+    # per segment (worker_count, schedule: (workers + segments) x 3 slots, workers at most
+    # max(segments, SMs); a partly used second row tile doubles a segment's rows), indexed in
+    # 32 bits.
     limit = 2**27 if k_cache.dtype != q.dtype else 2**31
     if q.shape[0] * q.shape[1] * q.shape[2] * max(d, dv) >= limit:
         return f"q / out with 2^{limit.bit_length() - 1} or more elements (32-bit indices; split the batch)"

@@ -50,7 +50,7 @@ import tilelang
 import tilelang.language as T
 
 from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
-from .schedule import split_part
+from .schedule import max_parts, split_part
 from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
 
@@ -185,6 +185,11 @@ def decode_ws_kernel(
     def key_block(tile, w, i):
         """Consumer ``w``'s ``i``-th key block of the part."""
         return tile.kb_first + w + consumers * i
+
+    def part_count(args):
+        """How many parts each CTA loops over (``schedule.max_parts``; ``part_tile``'s arguments)."""
+        c, num_splits, H, Hkv, Sq, SeqlensK = args[:6]
+        return max_parts(num_splits, SeqlensK.shape[0] * Hkv * T.ceildiv((H // Hkv) * Sq, BLOCK_M))
 
     def part_tile(args, part):
         """(SplitTile, live) of CTA ``c``'s part ``part`` (``args``: ``c`` and the kernel
@@ -356,7 +361,7 @@ def decode_ws_kernel(
         for w in T.unroll(consumers):
             issued[w] = 0
         rows_r = T.alloc_local([block_n // box], T.int32)  # the next block's TMA box rows (``tma_rows``)
-        for part in T.serial(2):
+        for part in T.serial(part_count(parts)):
             tile, live = part_tile(parts, part)
             if live:
                 counts = consumer_counts(tile)
@@ -437,7 +442,7 @@ def decode_ws_kernel(
             else:  # consumer warpgroups: every C-th block of each part, from the wg-th
                 T.set_max_nreg(consumer_regs, 1)
                 done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
-                for part in T.serial(2):
+                for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part)
                     if live:
                         load_my_queries(Q, q_s, tok_s, tile, wg, tx % 128, H, Sq)

@@ -56,20 +56,22 @@ def tile_pair(item, half, n_qb, pairs, H):
 # --- split-KV decode: CTA shares of key ranges ------------------------------------------------
 #
 # Decode work is ``S`` segments (one per (batch entry, kv head, row tile)), each a run of key
-# blocks, shared by ``G >= S`` workers (CTAs).  Worker ``c`` takes the units ``[c S, (c+1) S)``
-# of ``[0, S G)``, where segment ``g`` spans ``[g G, (g+1) G)``: a fraction ``S / G`` of a
-# segment, so it touches at most two segments (its "parts" 0 and 1).  With ``G = S x splits``
-# this is the uniform split of every segment into ``splits`` shares; any other ``G`` (e.g. the
-# SM count) fills the GPU without a whole number of CTAs per segment.  A segment's real block
-# count ``n`` (device-side: lengths, masks) is cut at ``floor(u n / G)``, so the parts tile it.
+# blocks, shared by ``G`` workers (CTAs).  Worker ``c`` takes the units ``[c S, (c+1) S)`` of
+# ``[0, S G)``, where segment ``g`` spans ``[g G, (g+1) G)``: ``S / G`` segments' worth, so it
+# touches at most ``ceil(S / G) + 1`` segments (its "parts"; two when ``G >= S``).  With
+# ``G = S x splits`` this is the uniform split of every segment into ``splits`` shares; any
+# other ``G`` (e.g. the SM count) fills the GPU without a whole number of CTAs per segment, and
+# ``G < S`` makes the workers persistent (several segments each, streamed back to back).  A
+# segment's real block count ``n`` (device-side: lengths, masks) is cut at ``floor(u n / G)``,
+# so the parts tile it.
 #
 #      S = 2 segments, G = 3 workers:   units 0 . . | 3 . . | (segment g = 0, 1; G = 3 units each)
 #      worker 0: [0, 2)  -> segment 0, units [0, 2)
 #      worker 1: [2, 4)  -> segment 0, units [2, 3)   and segment 1, units [0, 1)
 #      worker 2: [4, 6)  -> segment 1, units [1, 3)
 #
-# Partial results: worker ``c``'s part on segment ``g`` owns slot ``c + g`` (unique: no two
-# (worker, segment) pairs share a sum), so segment ``g``'s slots are the contiguous run from
+# Partial results: worker ``c``'s part on segment ``g`` owns slot ``c + g`` (unique: a later
+# worker's segments start at or after an earlier one's last, so no two pairs share a sum), so segment ``g``'s slots are the contiguous run from
 # ``first + g`` over its ``count`` workers (``segment_workers``) and a combine needs no table.
 # The helpers take Python ints (host, tests) or TileLang int32 expressions (kernels; products
 # in 64 bits, since ``c S`` and ``u n`` outgrow 32).
@@ -91,10 +93,15 @@ def _max(a, b):
     return max(a, b) if isinstance(a, int) and isinstance(b, int) else T.max(a, b)
 
 
+def max_parts(workers, segments):
+    """Parts a worker may have: ``ceil(segments / workers) + 1``."""
+    return (segments + workers - 1) // workers + 1
+
+
 def split_part(c, part, workers, segments, reg=lambda x: x):
-    """Part ``part`` (0 or 1) of worker ``c``'s share: (segment, u0, u1), its units of that
-    segment in ``[0, workers)``; the part is empty unless ``u0 < u1`` (part 1 of a worker whose
-    share ends inside its first segment, or past the last one).  ``reg``: how a kernel keeps
+    """Part ``part`` (0 .. ``max_parts`` - 1) of worker ``c``'s share: (segment, u0, u1), its units of that
+    segment in ``[0, workers)``; the part is empty unless ``u0 < u1`` (a part past the end of
+    the worker's share, or past the last segment).  ``reg``: how a kernel keeps
     an intermediate in a register (else TileLang repeats its 64-bit division at every use)."""
     cs = reg(_wide(c) * segments)
     g = reg(cs // workers + part)
