@@ -125,6 +125,10 @@ GRID = [
     C(batch=5, length=2049, sq=1, h=8, hkv=1, causal=False, window=(700, 0), page=256, fp8=True),
     # TMA in 16-row boxes on a page size that is a multiple of 16 but not a power of two
     C(batch=2, length=3000, page=48, h=32, hkv=8, fp8=True),
+    # CTA shares (decode.worker_count): 96 segments on 132 CTAs (fractional, two parts each),
+    # and 160 short segments on one persistent CTA per SM (1-3 parts each)
+    C(batch=12, length=3000, h=32, hkv=8, fp8=True),
+    C(batch=40, length=1000, h=16, hkv=4, page=16, fp8=True),
 ]
 
 

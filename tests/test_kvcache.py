@@ -457,13 +457,15 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
             assert 1 <= split_count(requested, segments, blocks, 132, bf16, 32 * 128) <= MAX_SPLITS
     # Default: whole CTAs per segment where one wave of them fills 95% of the SMs (B=8, 8 kv
     # heads: 64 segments x 2 = 128 of 132), else one CTA per SM (B=6: 132, not 96), each
-    # consumer with at least two blocks; from as many segments as SMs on, one persistent CTA per SM.
+    # consumer with at least two blocks; from as many segments as SMs on, one CTA per segment,
+    # or one persistent CTA per SM when the segments are short.
     assert worker_count(0, 64, 512, 132, sched) == 128
     assert worker_count(0, 8, 512, 132, sched) == 128
     assert worker_count(0, 48, 512, 132, sched) == 132
     assert worker_count(0, 96, 512, 132, sched) == 132
     assert worker_count(0, 8, 12, 132, sched) == 16
-    assert worker_count(0, 512, 512, 132, sched) == 132
+    assert worker_count(0, 512, 512, 132, sched) == 512  # long segments: one CTA each
+    assert worker_count(0, 1024, 36, 132, sched) == 132  # short ones (B=128 2k): persistent CTAs
     assert worker_count(7, 8, 128, 132, sched) == 16  # a requested count rounds down to triples
     assert worker_count(1, 8, 128, 132, sched) == 8  # ... but never below one triple
 

@@ -455,6 +455,7 @@ ROW_CHUNK_BLOCKS = 32
 WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
 CFG_OVERRIDE: dict | None = None
 FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
+PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks stream back to back
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
@@ -578,8 +579,10 @@ def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: 
     128 of 132), else one CTA per SM, the shares then fractions of a segment (two parts for
     most CTAs: 1-5% slower than 128 whole shares at B=8 and B=1, 12-15% faster than 96 at B=6
     and B=12; NOTES, fifteenth session), each consumer with at least two blocks.  With as many
-    segments as SMs or more: one CTA per SM, each streaming its segments back to back
-    (persistent), the producer running ahead across their boundaries.  ``FRACTIONAL``
+    segments as SMs or more: one CTA per segment, unless the segments are short (at most
+    ``PERSISTENT_BLOCKS`` blocks), then one CTA per SM, each streaming its segments back to
+    back (persistent), the producer running ahead across their boundaries (H100: B=128 2k
+    -7%, B=64 4k -1%, B=32 8k and B=64 32k +0.5-1%).  ``FRACTIONAL``
     (developer switch, the sweeps' ``fractional=0/1``) forces whole shares (one CTA per
     segment at most) or fractional ones."""
     per = sched.consumers
@@ -587,7 +590,8 @@ def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: 
         return segments * max(1, requested // per)
     slots = sms * sched.ctas_per_sm
     if segments >= slots:
-        return segments if FRACTIONAL is False else slots
+        persistent = n_blocks <= PERSISTENT_BLOCKS if FRACTIONAL is None else FRACTIONAL
+        return slots if persistent else segments
     most = max(1, min(slots // segments, n_blocks // (2 * per)))  # whole CTAs per segment in one wave
     whole = segments * most >= 0.95 * slots  # (blocks bounding ``most``: the fraction below is ``most`` too)
     if FRACTIONAL is not None:
