@@ -16,7 +16,8 @@ Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
 - the grid is ``num_splits`` CTAs over the (entry, kv head, row tile) segments, each CTA a
   fraction of a segment's key blocks that may cross into the next segment (``schedule``'s
   worker shares: the CTA count need not be a multiple of the segment count, so every SM gets
-  work; NOTES, fifteenth session).  The CTA runs its one or two parts in turn;
+  work; NOTES, fifteenth session).  The CTA runs its parts in turn (one or two; several
+  back to back when there are more segments than CTAs: persistent CTAs);
 - two or three consumer warpgroups take every C-th key block of each part (consumer ``w``
   the ``w``-th; the producer streams the part's blocks in order, each into a stage its
   consumer owns: ``ring_stage``): a consumer widens its block from the raw stage into its own
@@ -139,7 +140,7 @@ def decode_ws_kernel(
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
-    the number of CTAs (``schedule``'s workers, at least the number of segments): CTA ``c``
+    the number of CTAs (``schedule``'s workers; ``decode.worker_count`` picks it): CTA ``c``
     runs its share of the segments (``part_tile``) on its ``consumers`` (C, 2 or 3)
     warpgroups, which share the producer and the block stream (every C-th block each), and
     write partials that ``combine.py`` merges.
@@ -192,9 +193,9 @@ def decode_ws_kernel(
         return max_parts(num_splits, SeqlensK.shape[0] * Hkv * T.ceildiv((H // Hkv) * Sq, BLOCK_M))
 
     def part_tile(args, part):
-        """(SplitTile, live) of CTA ``c``'s part ``part`` (``args``: ``c`` and the kernel
-        arguments below, one tuple the macros pass on) (``schedule.split_part`` over the
-        ``num_splits`` CTAs and the segments (entry, kv head, row tile), row tile fastest);
+        """(SplitTile, live) of CTA ``c``'s part ``part``: ``schedule.split_part`` over the
+        ``num_splits`` CTAs and the segments (entry, kv head, row tile; row tile fastest).
+        ``args``: ``c`` and the kernel arguments unpacked below, one tuple the macros pass on.
         ``live`` is false for an empty part (its segment index is clamped, so nothing past
         the tensors is read).  Its consumers' partials: slots ``(c + g) C + w``."""
         c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in = args
@@ -346,7 +347,7 @@ def decode_ws_kernel(
     def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, pt, page_size, page_shift):
         """The producer's stream, part by part of the CTA's share (``part_tile``): round ``i``
         takes block ``i`` of every consumer that has one (consumer order, so the part's blocks
-        in key order), each into its consumer's next stage (``stage``, counted over both
+        in key order), each into its consumer's next stage (``stage``, counted over all
         parts: ``issued``) once that consumer has released the stage's previous block, so each
         consumer runs up to ``per`` blocks ahead.
 
