@@ -100,6 +100,9 @@ CASES = [
     Case("kvcache d192/128 mqa sinks softcap fp16 fp8-cache", d=192, dv=128, h=4, hkv=1, sinks=True, softcap=20.0,
          dtype=torch.float16, kind="kvcache", fp8_cache=True),
     Case("kvcache d64 mha window fp8-cache", d=64, h=4, hkv=4, window=(8, 0), kind="kvcache", fp8_cache=True),
+    # 160 short segments on 132 SMs: persistent CTAs, several parts each (decode.worker_count)
+    Case("kvcache d128 gqa4 persistent fp8-cache", d=128, h=16, hkv=4, b=40, causal=True, kind="kvcache",
+         fp8_cache=True, extra={"page": 16}),
     Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),
     Case("fp8 d128 gqa2 causal sinks", d=128, h=4, hkv=2, causal=True, sinks=True, kind="fp8"),
     Case("fp8 d256 window softcap", d=256, h=2, hkv=2, window=(16, 0), softcap=20.0, kind="fp8"),
