@@ -137,6 +137,7 @@ def decode_ws_kernel(
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
     consumers: int = CONSUMERS,
+    skip_padding: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -155,7 +156,12 @@ def decode_ws_kernel(
     ``cache_dtype == dtype`` (a 16-bit cache) is the same schedule without the widening: the
     consumers read the ring's stages themselves, each stage's full barrier completed by the
     producer threads' ``cp.async.mbarrier.arrive`` (no wait in the producer at all).  Needs head
-    dims whose rows are whole 16-byte copies."""
+    dims whose rows are whole 16-byte copies.
+
+    ``skip_padding`` (developer switch for a device A/B, not yet measured: NOTES, fifteenth
+    session, prediction 4): a consumer warp whose 16 tile rows are all padding (GQA decode:
+    group x Sq real rows, all in warp 0 when at most 16) skips the softmax, the P cast and the
+    O rescale; those rows' P and O are never stored."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
@@ -451,6 +457,9 @@ def decode_ws_kernel(
                         T.clear(l)
                         T.fill(m, neg_inf)
                         mine = T.alloc_var(T.int32, init=consumer_blocks(tile, wg))
+                        padding_warp = 0
+                        if skip_padding:  # warp k of a consumer holds tile rows 16k .. 16k + 15 (WGMMA's m64 layout)
+                            padding_warp = T.alloc_var(T.int32, init=tx % 128 // 32 * 16 >= tile.rows - tile.r0)
                         for i in T.serial(mine):
                             st = T.alloc_var(T.int32, init=stage(wg, done + i))
                             kb = T.alloc_var(T.int32, init=key_block(tile, wg, i))
@@ -467,11 +476,12 @@ def decode_ws_kernel(
                                 T.fence_proxy_async()  # cp.async's stores, read by the WGMMAs (async proxy)
                             T.gemm(q_s, k_s[wg if widen else st, :, :], s, transpose_B=True, clear_accum=True,
                                    policy=FULL_ROW)
-                            update(s, m, m_prev, m_safe, alpha, row_sum, l, kb * block_n, tile.t_first, tile.t_last,
-                                   tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
-                            T.copy(s, p)
-                            for r, cc in T.Parallel(rows, dim_v):
-                                o[r, cc] *= alpha[r]
+                            if padding_warp == 0:
+                                update(s, m, m_prev, m_safe, alpha, row_sum, l, kb * block_n, tile.t_first,
+                                       tile.t_last, tile.mask, tile.sc, tile.cap, GroupRows(tok_s, head_s))
+                                T.copy(s, p)
+                                for r, cc in T.Parallel(rows, dim_v):
+                                    o[r, cc] *= alpha[r]
                             T.gemm(p, v_s[wg if widen else st, :, :], o, policy=FULL_ROW)
                             if not widen:
                                 T.barrier_arrive(empty[st])
