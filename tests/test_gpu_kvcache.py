@@ -253,6 +253,23 @@ def test_kernel_matches_reference(c: C):
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"{name} differs after the append"
 
 
+# decode.py's developer switch ``shares`` (decode_ws's CTA shares for 16-bit caches, staged for a
+# device A/B): fractional (96 and 160 segments on 264 CTA slots) and persistent (280 short ones).
+SHARE_CASES = [
+    C(batch=12, length=3000, h=32, hkv=8),
+    C(batch=40, length=1000, h=16, hkv=4, page=16),
+    C(batch=70, length=300, sq=2, snew=2, h=16, hkv=4),
+]
+
+
+@pytest.mark.parametrize("c", SHARE_CASES, ids=lambda c: c.id)
+def test_cta_shares_on_a_16bit_cache(c: C, monkeypatch):
+    from flashtile.kernels import decode as dm
+
+    monkeypatch.setattr(dm, "CFG_OVERRIDE", {"shares": 1})
+    test_kernel_matches_reference(c)
+
+
 APPEND_CASES = [c for c in GRID if c.snew and (c.rotary or c.fp8 or c.batch_idx or c.page == 1)] + [
     C(batch=3, length=300, sq=2, snew=3, rotary="halves", fp8=True, page=16, h=32, hkv=8),
     C(batch=2, length=500, sq=4, snew=4, rotary="inter", fp8=True, batch_idx=True, causal=False, d=64, dv=64),

@@ -58,7 +58,7 @@ import torch
 
 from . import debug, launch, target
 from .masks import TileMask, host_window
-from .schedule import share_blocks
+from .schedule import max_parts, share_blocks, split_part
 from .seqinfo import Sequence
 from .softmax import LOG2E, online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET
@@ -157,6 +157,35 @@ class SplitTile:
         loads the nearest valid key (masked to zero weight), so stale or NaN cache contents
         past the end or before the left padding are never read."""
         return T.min(T.max(j, self.lp), self.seqlen_k - 1)
+
+
+def part_count(args):
+    """How many parts each CTA of a decode grid loops over (``schedule.max_parts`` of the
+    CTA count and the segments); ``args`` as ``part_tile``'s."""
+    c, num_splits, H, Hkv, Sq, SeqlensK = args[:6]
+    return max_parts(num_splits, SeqlensK.shape[0] * Hkv * T.ceildiv((H // Hkv) * Sq, BLOCK_M))
+
+
+def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers: int = 1):
+    """(SplitTile, live) of CTA ``c``'s part ``part`` of a decode grid of ``num_splits`` CTAs:
+    ``schedule.split_part`` over the segments (entry, kv head, row tile; row tile fastest).
+    ``args = (c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale,
+    score_scale, cap_in)``, one tuple the macros pass on.  ``live`` is false for an empty part
+    (its segment index is clamped, so nothing past the tensors is read).  The part's partials
+    go to slots ``(c + g) x consumers + w``."""
+    c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in = args
+    row_tiles = T.alloc_var(T.int32, init=T.ceildiv((H // Hkv) * Sq, BLOCK_M))[0]
+    segments = T.alloc_var(T.int32, init=SeqlensK.shape[0] * Hkv * row_tiles)[0]
+    g, u0, u1 = split_part(c, part, num_splits, segments, lambda x: T.alloc_var(x.dtype, init=x)[0])
+    seg = T.alloc_var(T.int32, init=g)[0]
+    u0 = T.alloc_var(T.int32, init=u0)[0]
+    u1 = T.alloc_var(T.int32, init=u1)[0]
+    gc = T.alloc_var(T.int32, init=T.min(seg, segments - 1))[0]
+    hk = T.alloc_var(T.int32, init=gc // row_tiles % Hkv)[0]
+    b = T.alloc_var(T.int32, init=gc // row_tiles // Hkv)[0]
+    tile = SplitTile(gc % row_tiles, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (u0, u1, num_splits), block_n,
+                     KDescale, score_scale, cap_in, fp8, has_softcap, slot=(c + seg) * consumers)
+    return tile, T.And(seg < segments, u0 < u1)
 
 
 def cache_page(j, page_size, page_shift):
@@ -314,12 +343,16 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
+    shares: bool = False,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
     the tile sweeps).  An FP8 cache takes ``decode_ws.decode_ws_kernel``, same arguments.
     ``chunk_blocks``: key blocks whose cache rows are looked up at once (``row_s``; 64
-    measured 1% slower than 32 on the H100).
+    measured 1% slower than 32 on the H100).  ``shares`` (developer switch for a device A/B,
+    not yet measured: NOTES, fifteenth session): a 1-D grid of ``num_splits`` CTAs with
+    ``decode_ws``'s CTA shares (fractional or persistent, ``part_tile``) instead of
+    ``num_splits`` uniform splits per segment.
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -370,73 +403,99 @@ def decode_kernel(
             if chunk_keys(tile, tx, ch, u):
                 row_s[u * threads + tx] = tab[u] * page_size + off[u]
 
+    def tiles():
+        """The CTA's shared tiles and register fragments."""
+        q_s = T.alloc_shared([block_m, dim], dtype)
+        k_s = T.alloc_shared([block_n, dim], dtype)
+        v_s = T.alloc_shared([block_n, dim_v], dtype)
+        row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
+        return (q_s, k_s, v_s, row_s, *row_tables(block_m), *tile_fragments(block_m, block_n, dim_v, dtype))
+
+    @T.macro
+    def attend(Q, K, V, BlockTable, O, LSE, Opart, LSEpart, Sinks, q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o,
+               m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size, page_shift, direct):
+        """One tile's attention over its part of the keys, then its store (O/lse when ``direct``
+        is 1, else partials)."""
+        load_queries(Q, q_s, tok_s, head_s, qrow_s, tile, H, Sq)
+        T.clear(o)
+        T.clear(l)
+        T.fill(m, neg_inf)
+
+        # Key blocks in chunks: the cache rows of a chunk's keys are looked up first (all
+        # threads, into row_s), then the chunk's blocks stream through the pipeline.  Inside
+        # the pipelined loop the lookup would be planned into the compute stage (it is not
+        # a plain copy), after the copy that reads it.
+        tx = T.get_thread_binding(0)
+        # Each thread's page-table entries of one chunk (``per`` keys) and its keys' rows
+        # within their pages: all ``per`` loads are issued before the first store, so a
+        # chunk waits for one round trip, not ``per`` dependent ones (~5 us per chunk from
+        # L2 at page 16: 91 -> 95% of the bandwidth, NOTES sixth session).  Issuing the next
+        # chunk's loads before this chunk streams measured the same: not kept.
+        tab = T.alloc_local([per], T.int32)
+        off = T.alloc_local([per], T.int32)
+
+        for ch in T.serial(T.ceildiv(tile.my_blocks, chunk)):
+            fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift)
+            place(tile, tx, ch, tab, off, row_s, page_size)
+            for it in T.Pipelined(T.min(chunk, tile.my_blocks - ch * chunk), num_stages=num_stages):
+                n0 = (tile.kb_first + ch * chunk + it) * block_n
+                # K and V rows in one loop: one cp.async group per step (two groups trip a
+                # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
+                for i, c in T.Parallel(block_n, kv_width, loop_layout=kv_layout):
+                    row = row_s[it * block_n + i]
+                    if dim >= dim_v:
+                        k_s[i, c] = K[row, tile.hk, c]
+                        if dim_v == dim or c < dim_v:
+                            v_s[i, c] = V[row, tile.hk, c]
+                    else:
+                        v_s[i, c] = V[row, tile.hk, c]
+                        if c < dim:
+                            k_s[i, c] = K[row, tile.hk, c]
+                T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
+                # softmax.py's online softmax; masks.py's rule per query token (row // group).
+                update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, tile.t_first, tile.t_last, tile.mask, tile.sc,
+                       tile.cap, GroupRows(tok_s, head_s))
+                T.copy(s, p)
+                for i, c in T.Parallel(block_m, dim_v):
+                    o[i, c] *= alpha[i]
+                T.gemm(p, v_s, o, policy=FULL_ROW)
+
+        store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, tile, direct, None)
+
     @T.macro
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
-        H, Hkv, B, RQ = Sinks.shape[0], K.shape[1], BlockTable.shape[0], Q.shape[0]
-        with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, B, threads=threads) as (bx, hk, b):
-            q_s = T.alloc_shared([block_m, dim], dtype)
-            k_s = T.alloc_shared([block_n, dim], dtype)
-            v_s = T.alloc_shared([block_n, dim_v], dtype)
-            row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
-            tok_s, head_s, qrow_s = row_tables(block_m)
-            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
-
-            # Programmatic dependent launch: the combine kernel may launch (and wait, resident,
-            # in its griddepcontrol.wait) once every decode CTA has started, instead of after
-            # the last one ends.  A no-op when nothing depends on this launch.
-            T.pdl_trigger()
-            # Segment g = (entry, kv head, row tile) in ``schedule``'s order, split ``split`` of
-            # ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot that + g.
-            row_tile, split = bx // num_splits, bx % num_splits
-            g = (b * Hkv + hk) * T.ceildiv((H // Hkv) * Sq, block_m) + row_tile
-            tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (split, split + 1, num_splits),
-                             block_n, KDescale, score_scale, cap_in, False, has_softcap, slot=g * (num_splits + 1) + split)
-            load_queries(Q, q_s, tok_s, head_s, qrow_s, tile, H, Sq)
-            T.clear(o)
-            T.clear(l)
-            T.fill(m, neg_inf)
-
-            # Key blocks in chunks: the cache rows of a chunk's keys are looked up first (all
-            # threads, into row_s), then the chunk's blocks stream through the pipeline.  Inside
-            # the pipelined loop the lookup would be planned into the compute stage (it is not
-            # a plain copy), after the copy that reads it.
-            tx = T.get_thread_binding(0)
-            # Each thread's page-table entries of one chunk (``per`` keys) and its keys' rows
-            # within their pages: all ``per`` loads are issued before the first store, so a
-            # chunk waits for one round trip, not ``per`` dependent ones (~5 us per chunk from
-            # L2 at page 16: 91 -> 95% of the bandwidth, NOTES sixth session).  Issuing the next
-            # chunk's loads before this chunk streams measured the same: not kept.
-            tab = T.alloc_local([per], T.int32)
-            off = T.alloc_local([per], T.int32)
-
-            for ch in T.serial(T.ceildiv(tile.my_blocks, chunk)):
-                fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift)
-                place(tile, tx, ch, tab, off, row_s, page_size)
-                for it in T.Pipelined(T.min(chunk, tile.my_blocks - ch * chunk), num_stages=num_stages):
-                    n0 = (tile.kb_first + ch * chunk + it) * block_n
-                    # K and V rows in one loop: one cp.async group per step (two groups trip a
-                    # TileLang 0.1.15 bug in the pipeline epilogue: a non-constant wait_group).
-                    for i, c in T.Parallel(block_n, kv_width, loop_layout=kv_layout):
-                        row = row_s[it * block_n + i]
-                        if dim >= dim_v:
-                            k_s[i, c] = K[row, hk, c]
-                            if dim_v == dim or c < dim_v:
-                                v_s[i, c] = V[row, hk, c]
-                        else:
-                            v_s[i, c] = V[row, hk, c]
-                            if c < dim:
-                                k_s[i, c] = K[row, hk, c]
-                    T.gemm(q_s, k_s, s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
-                    # softmax.py's online softmax; masks.py's rule per query token (row // group).
-                    update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, tile.t_first, tile.t_last, tile.mask, tile.sc,
-                           tile.cap, GroupRows(tok_s, head_s))
-                    T.copy(s, p)
-                    for i, c in T.Parallel(block_m, dim_v):
-                        o[i, c] *= alpha[i]
-                    T.gemm(p, v_s, o, policy=FULL_ROW)
-
-            store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, tile, num_splits, None)
+        H, Hkv = Sinks.shape[0], K.shape[1]
+        if shares:  # ``num_splits`` CTAs over the segments, one or more parts each (``part_tile``)
+            with T.Kernel(num_splits, threads=threads) as cta:
+                q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tiles()
+                T.pdl_trigger()  # the combine may launch early (as below)
+                parts = (cta, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in)
+                segments = T.alloc_var(T.int32, init=SeqlensK.shape[0] * Hkv * T.ceildiv((H // Hkv) * Sq, block_m))
+                for part in T.serial(part_count(parts)):
+                    tile, live = part_tile(parts, part, block_n, False, has_softcap)
+                    if live:  # a CTA with the whole of one segment (one CTA per segment) writes O/lse
+                        attend(Q, K, V, BlockTable, O, LSE, Opart, LSEpart, Sinks, q_s, k_s, v_s, row_s, tok_s, head_s,
+                               qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size,
+                               page_shift, T.if_then_else(num_splits == segments, 1, 0))
+        else:
+            with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, BlockTable.shape[0],
+                          threads=threads) as (bx, hk, b):
+                q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tiles()
+                # Programmatic dependent launch: the combine kernel may launch (and wait,
+                # resident, in its griddepcontrol.wait) once every decode CTA has started,
+                # instead of after the last one ends.  A no-op when nothing depends on this launch.
+                T.pdl_trigger()
+                # Segment g = (entry, kv head, row tile) in ``schedule``'s order, split ``split``
+                # of ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot
+                # that + g.
+                row_tile, split = bx // num_splits, bx % num_splits
+                g = (b * Hkv + hk) * T.ceildiv((H // Hkv) * Sq, block_m) + row_tile
+                tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
+                                 (split, split + 1, num_splits), block_n, KDescale, score_scale, cap_in, False,
+                                 has_softcap, slot=g * (num_splits + 1) + split)
+                attend(Q, K, V, BlockTable, O, LSE, Opart, LSEpart, Sinks, q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s,
+                       s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size, page_shift, num_splits)
 
     return decode_prim_func(dim, dim_v, dtype, dtype, kernel)
 
@@ -626,7 +685,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     n_blocks = -(-capacity // sched.cfg["block_n"])
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     segments, tile_rows = b * hkv * row_tiles, min(BLOCK_M, (h // hkv) * sq)
-    if sched.consumers > 1:  # decode_ws: num_splits is its CTA count, always with partials
+    if sched.consumers > 1 or sched.cfg.get("shares"):  # num_splits is the CTA count (``worker_count``)
         consumers = sched.consumers
         workers = num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
     else:  # decode_kernel: num_splits uniform splits per segment
@@ -639,7 +698,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     else:
         score_scale, cap_in = softmax_scale * LOG2E, 0.0
     left, right = host_window(window)
-    combined = consumers > 1 or num_splits > 1
+    combined = consumers > 1 or workers != segments  # else each CTA writes O/lse of its one whole segment
     if combined:  # slots c + g of the workers' parts (schedule), C consumers each
         rows_total = (workers + segments) * consumers * tile_rows
         opart = debug.new_output((rows_total, dv), torch.float32, dev)

@@ -50,8 +50,8 @@ two consumers (other head dims): two Q copies, 4 raw stages, two fp16 tiles.
 import tilelang
 import tilelang.language as T
 
-from .decode import BLOCK_M, GroupRows, SplitTile, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
-from .schedule import max_parts, split_part
+from .decode import BLOCK_M, GroupRows, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
+from .decode import part_count as shared_part_count, part_tile as shared_part_tile
 from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
 
@@ -194,29 +194,13 @@ def decode_ws_kernel(
         return tile.kb_first + w + consumers * i
 
     def part_count(args):
-        """How many parts each CTA loops over (``schedule.max_parts``; ``part_tile``'s arguments)."""
-        c, num_splits, H, Hkv, Sq, SeqlensK = args[:6]
-        return max_parts(num_splits, SeqlensK.shape[0] * Hkv * T.ceildiv((H // Hkv) * Sq, BLOCK_M))
+        """How many parts each CTA loops over (``decode.part_count``)."""
+        return shared_part_count(args)
 
     def part_tile(args, part):
-        """(SplitTile, live) of CTA ``c``'s part ``part``: ``schedule.split_part`` over the
-        ``num_splits`` CTAs and the segments (entry, kv head, row tile; row tile fastest).
-        ``args``: ``c`` and the kernel arguments unpacked below, one tuple the macros pass on.
-        ``live`` is false for an empty part (its segment index is clamped, so nothing past
-        the tensors is read).  Its consumers' partials: slots ``(c + g) C + w``."""
-        c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in = args
-        row_tiles = T.alloc_var(T.int32, init=T.ceildiv((H // Hkv) * Sq, BLOCK_M))[0]
-        segments = T.alloc_var(T.int32, init=SeqlensK.shape[0] * Hkv * row_tiles)[0]
-        g, u0, u1 = split_part(c, part, num_splits, segments, lambda x: T.alloc_var(x.dtype, init=x)[0])
-        seg = T.alloc_var(T.int32, init=g)[0]
-        u0 = T.alloc_var(T.int32, init=u0)[0]
-        u1 = T.alloc_var(T.int32, init=u1)[0]
-        gc = T.alloc_var(T.int32, init=T.min(seg, segments - 1))[0]
-        hk = T.alloc_var(T.int32, init=gc // row_tiles % Hkv)[0]
-        b = T.alloc_var(T.int32, init=gc // row_tiles // Hkv)[0]
-        tile = SplitTile(gc % row_tiles, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (u0, u1, num_splits), block_n,
-                         KDescale, score_scale, cap_in, widen, has_softcap, slot=(c + seg) * consumers)
-        return tile, T.And(seg < segments, u0 < u1)
+        """(SplitTile, live) of CTA ``c``'s part ``part`` (``decode.part_tile``); its consumers'
+        partials: slots ``(c + g) C + w``."""
+        return shared_part_tile(args, part, block_n, widen, has_softcap, consumers)
 
     per = num_stages // consumers  # ring stages of each consumer
 
