@@ -187,6 +187,27 @@ def fp8_rows(rows, q, kc, vc, L, sq, bw, bf16_rows):
               f"{' WRONG' if err > 5e-2 else ''}", flush=True)
 
 
+def ratio_table(rows) -> list:
+    """Markdown lines of the run's ratios per (batch, cache length, query tokens): flashtile's
+    speed against cuDNN's (cuDNN time / flashtile time, both graph-replayed on the contiguous
+    cache: > 1 is faster), and each FP8 cache's speed-up over the bf16 cache of its layout."""
+    cases = {}
+    for r in rows:
+        cases.setdefault((r["batch"], r["seqlen_cache"], r["seqlen_q"]), {})[r["layout"]] = r
+    fp8_layouts = [lay for lay, _ in LAYOUTS if any(f"{lay}-fp8" in c for c in cases.values())]
+    lines = ["| B | cache len | sq | vs cuDNN | " + " | ".join(f"FP8 {lay} vs bf16" for lay in fp8_layouts) + " |",
+             "|---:|---:|---:|---:|" + "---:|" * len(fp8_layouts)]
+    for (b, length, sq), by in cases.items():
+        contig = by.get("contig", {})
+        ours = contig.get("flashtile_graph_s") or contig.get("flashtile_s")
+        peer = contig.get("cudnn_graph_s") or contig.get("cudnn_s")
+        cells = [f"{peer / ours:.2f}x" if ours and peer else "-"]
+        cells += [f"{by[f'{lay}-fp8']['speedup_vs_bf16_cache']:.2f}x"
+                  if by.get(f"{lay}-fp8", {}).get("speedup_vs_bf16_cache") else "-" for lay in fp8_layouts]
+        lines.append(f"| {b} | {length} | {sq} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write(out_dir, rows, props, bw):
     """decode.json and decode.md under out_dir (rewritten after every case, so a timeout keeps what ran)."""
     import flashtile
@@ -210,6 +231,9 @@ def write(out_dir, rows, props, bw):
                     f"{r['flashtile_s'] * 1e6:.1f} | {c(r['flashtile_graph_s'])} | {r['flashtile_gbs']:.0f} | {r['flashtile_pct_bw']:.1f} | "
                     f"{c(r['flashtile_append_s'])} | {c(r['cudnn_s'])} | {c(r['cudnn_graph_s'])} | {p(r['cudnn_graph_s'] or r['cudnn_s'])} | {c(r['flash_s'])} | "
                     f"{p(r['flash_s'])} | {c(r.get('flex_graph_s'))} | {p(r.get('flex_graph_s'))} | {c(r['fa_s'])} | {r['err_vs_fp32']:.1e}{' WRONG' if r['wrong'] else ''} |\n")
+        f.write("\nRatios in this run (vs cuDNN: cuDNN's graph time / flashtile's, contiguous; FP8: the FP8 cache's "
+                "speed-up over the bf16 cache of the same layout):\n\n")
+        f.write("\n".join(ratio_table(rows)) + "\n")
 
 
 def add_arguments(ap) -> None:

@@ -385,3 +385,20 @@ def test_decode_subcommand_is_wired_and_needs_a_gpu(monkeypatch, capsys):
     assert args.decode and args.quick and args.fp8 and args.tiles == "64x2" and args.out == "/tmp/x"
     assert cli.main(["bench", "--decode", "--quick"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_decode_ratio_table():
+    """flashtile bench --decode's ratio table: cuDNN's time over ours on the contiguous cache,
+    each FP8 layout's speed-up over the bf16 cache, '-' where a peer did not run."""
+    from flashtile.bench_decode import ratio_table
+
+    def row(b, layout, graph, cudnn=None, speedup=None):
+        return dict(batch=b, seqlen_cache=4096, seqlen_q=1, layout=layout, flashtile_s=graph * 1.5,
+                    flashtile_graph_s=graph, cudnn_s=cudnn, cudnn_graph_s=cudnn, speedup_vs_bf16_cache=speedup)
+
+    rows = [row(8, "contig", 100e-6, cudnn=99e-6), row(8, "page16", 101e-6), row(8, "contig-fp8", 56e-6, speedup=1.786),
+            row(8, "page16-fp8", 58e-6, speedup=1.741), row(1, "contig", 12e-6)]
+    lines = ratio_table(rows)
+    assert lines[0] == "| B | cache len | sq | vs cuDNN | FP8 contig vs bf16 | FP8 page16 vs bf16 |", lines[0]
+    assert lines[2] == "| 8 | 4096 | 1 | 0.99x | 1.79x | 1.74x |", lines[2]
+    assert lines[3] == "| 1 | 4096 | 1 | - | - | - |", lines[3]
