@@ -17,7 +17,7 @@ Static structure: dtype, dim_v, sinks on/off.  Rows, splits, workers and shapes 
 import tilelang
 import tilelang.language as T
 
-from .decode import BLOCK_M
+from .decode import BLOCK_M, segment_count, segment_index
 from .schedule import segment_workers
 from .softmax import LN2, LOG2E
 from .target import PASS_CONFIGS, TARGET
@@ -85,9 +85,9 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
             group = T.alloc_var(T.int32, init=H // num_kv_heads)
             row_tiles = T.alloc_var(T.int32, init=T.ceildiv(group * seqlen_q, BLOCK_M))
             krow = T.alloc_var(T.int32, init=(row // H) % seqlen_q * group + row % H % group)  # among its kv head's rows
-            seg = T.alloc_var(T.int32, init=((row // H // seqlen_q) * num_kv_heads + row % H // group) * row_tiles
-                              + krow // BLOCK_M)
-            segments = T.alloc_var(T.int32, init=RQ // H // seqlen_q * num_kv_heads * row_tiles)
+            seg = T.alloc_var(T.int32, init=segment_index(row // H // seqlen_q, row % H // group, krow // BLOCK_M,
+                                                          num_kv_heads, row_tiles))
+            segments = T.alloc_var(T.int32, init=segment_count(RQ // H // seqlen_q, num_kv_heads, row_tiles))
             first, count = segment_workers(seg, workers, segments)
             base = T.alloc_var(T.int32, init=(first + seg) * consumers)  # the segment's first slot
             num_splits = T.alloc_var(T.int32, init=count * consumers)

@@ -68,6 +68,27 @@ FULL_ROW = T.GemmWarpPolicy.FullRow
 BLOCK_M = 64  # query rows (group heads x tokens) per CTA: one warpgroup's WGMMA M
 
 
+def row_tile_count(H, Hkv, Sq):
+    """Row tiles of one kv head: its ``group x Sq`` query rows, ``BLOCK_M`` per tile."""
+    return T.ceildiv((H // Hkv) * Sq, BLOCK_M)
+
+
+def segment_count(B, Hkv, row_tiles):
+    """Segments of a decode step, one per (entry, kv head, row tile): ``schedule``'s units of work."""
+    return B * Hkv * row_tiles
+
+
+def segment_index(b, hk, row_tile, Hkv, row_tiles):
+    """Segment of (entry ``b``, kv head ``hk``, ``row_tile``): entry-major, row tile fastest, the
+    order the decode kernels and the combine share (``segment_coords`` inverts it)."""
+    return (b * Hkv + hk) * row_tiles + row_tile
+
+
+def segment_coords(g, Hkv, row_tiles):
+    """(entry, kv head, row tile) of segment ``g`` (``segment_index``'s inverse)."""
+    return g // row_tiles // Hkv, g // row_tiles % Hkv, g % row_tiles
+
+
 class GroupRows:
     """A decode tile's rows as the shared online softmax sees them: tile row i is query token
     ``tok_s[i] = (r0 + i) // group`` of head ``head_s[i] = hk * group + (r0 + i) % group`` (GQA
@@ -163,7 +184,7 @@ def part_count(args):
     """How many parts each CTA of a decode grid loops over (``schedule.max_parts`` of the
     CTA count and the segments); ``args`` as ``part_tile``'s."""
     c, num_splits, H, Hkv, Sq, SeqlensK = args[:6]
-    return max_parts(num_splits, SeqlensK.shape[0] * Hkv * T.ceildiv((H // Hkv) * Sq, BLOCK_M))
+    return max_parts(num_splits, segment_count(SeqlensK.shape[0], Hkv, row_tile_count(H, Hkv, Sq)))
 
 
 def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers: int = 1):
@@ -174,16 +195,17 @@ def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers:
     (its segment index is clamped, so nothing past the tensors is read).  The part's partials
     go to slots ``(c + g) x consumers + w``."""
     c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in = args
-    row_tiles = T.alloc_var(T.int32, init=T.ceildiv((H // Hkv) * Sq, BLOCK_M))[0]
-    segments = T.alloc_var(T.int32, init=SeqlensK.shape[0] * Hkv * row_tiles)[0]
+    row_tiles = T.alloc_var(T.int32, init=row_tile_count(H, Hkv, Sq))[0]
+    segments = T.alloc_var(T.int32, init=segment_count(SeqlensK.shape[0], Hkv, row_tiles))[0]
     g, u0, u1 = split_part(c, part, num_splits, segments, lambda x: T.alloc_var(x.dtype, init=x)[0])
     seg = T.alloc_var(T.int32, init=g)[0]
     u0 = T.alloc_var(T.int32, init=u0)[0]
     u1 = T.alloc_var(T.int32, init=u1)[0]
     gc = T.alloc_var(T.int32, init=T.min(seg, segments - 1))[0]
-    hk = T.alloc_var(T.int32, init=gc // row_tiles % Hkv)[0]
-    b = T.alloc_var(T.int32, init=gc // row_tiles // Hkv)[0]
-    tile = SplitTile(gc % row_tiles, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (u0, u1, num_splits), block_n,
+    b, hk, row_tile = segment_coords(gc, Hkv, row_tiles)
+    hk = T.alloc_var(T.int32, init=hk)[0]
+    b = T.alloc_var(T.int32, init=b)[0]
+    tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (u0, u1, num_splits), block_n,
                      KDescale, score_scale, cap_in, fp8, has_softcap, slot=(c + seg) * consumers)
     return tile, T.And(seg < segments, u0 < u1)
 
@@ -471,7 +493,7 @@ def decode_kernel(
                 q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tiles()
                 T.pdl_trigger()  # the combine may launch early (as below)
                 parts = (cta, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in)
-                segments = T.alloc_var(T.int32, init=SeqlensK.shape[0] * Hkv * T.ceildiv((H // Hkv) * Sq, block_m))
+                segments = T.alloc_var(T.int32, init=segment_count(SeqlensK.shape[0], Hkv, row_tile_count(H, Hkv, Sq)))
                 for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part, block_n, False, has_softcap)
                     if live:  # a CTA with the whole of one segment (one CTA per segment) writes O/lse
@@ -479,7 +501,7 @@ def decode_kernel(
                                qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size,
                                page_shift, T.if_then_else(num_splits == segments, 1, 0))
         else:
-            with T.Kernel(num_splits * T.ceildiv((H // Hkv) * Sq, block_m), Hkv, BlockTable.shape[0],
+            with T.Kernel(num_splits * row_tile_count(H, Hkv, Sq), Hkv, BlockTable.shape[0],
                           threads=threads) as (bx, hk, b):
                 q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tiles()
                 # Programmatic dependent launch: the combine kernel may launch (and wait,
@@ -490,7 +512,7 @@ def decode_kernel(
                 # of ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot
                 # that + g.
                 row_tile, split = bx // num_splits, bx % num_splits
-                g = (b * Hkv + hk) * T.ceildiv((H // Hkv) * Sq, block_m) + row_tile
+                g = segment_index(b, hk, row_tile, Hkv, row_tile_count(H, Hkv, Sq))
                 tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
                                  (split, split + 1, num_splits), block_n, KDescale, score_scale, cap_in, False,
                                  has_softcap, slot=g * (num_splits + 1) + split)
@@ -684,7 +706,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     capacity = k_cache.shape[1] * table.shape[1]
     n_blocks = -(-capacity // sched.cfg["block_n"])
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
-    segments, tile_rows = b * hkv * row_tiles, min(BLOCK_M, (h // hkv) * sq)
+    segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
     if sched.consumers > 1 or sched.cfg.get("shares"):  # num_splits is the CTA count (``worker_count``)
         consumers = sched.consumers
         workers = num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
