@@ -253,21 +253,26 @@ def test_kernel_matches_reference(c: C):
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"{name} differs after the append"
 
 
-# decode.py's developer switch ``shares`` (decode_ws's CTA shares for 16-bit caches, staged for a
-# device A/B): fractional (96 and 160 segments on 264 CTA slots) and persistent (280 short ones).
-SHARE_CASES = [
+# Splits merged several query rows per combine CTA (``combine.rows_per_cta`` > 1: few splits a
+# row): 16-bit caches of 96 and 160 segments (8 uniform splits each), FP8 caches of 160
+# segments (fractional CTA shares) and 280 short ones (persistent CTAs).
+SEVERAL_ROW_CASES = [
     C(batch=12, length=3000, h=32, hkv=8),
     C(batch=40, length=1000, h=16, hkv=4, page=16),
-    C(batch=70, length=300, sq=2, snew=2, h=16, hkv=4),
+    C(batch=40, length=1000, h=16, hkv=4, page=16, fp8=True),
+    C(batch=70, length=300, sq=2, snew=2, h=16, hkv=4, fp8=True),
 ]
 
 
-@pytest.mark.parametrize("c", SHARE_CASES, ids=lambda c: c.id)
-def test_cta_shares_on_a_16bit_cache(c: C, monkeypatch):
-    from flashtile.kernels import decode as dm
+@pytest.mark.parametrize("c", SEVERAL_ROW_CASES, ids=lambda c: c.id)
+def test_combine_of_several_rows_per_cta(c: C, monkeypatch):
+    from flashtile.kernels import combine
 
-    monkeypatch.setattr(dm, "CFG_OVERRIDE", {"shares": 1})
+    seen = []
+    real = combine.rows_per_cta
+    monkeypatch.setattr(combine, "rows_per_cta", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     test_kernel_matches_reference(c)
+    assert seen and max(seen) > 1, f"the call's combine ran one row per CTA ({seen}): the case no longer tests several"
 
 
 APPEND_CASES = [c for c in GRID if c.snew and (c.rotary or c.fp8 or c.batch_idx or c.page == 1)] + [

@@ -470,6 +470,26 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
     assert worker_count(1, 8, 128, 132, sched) == 8  # ... but never below one triple
 
 
+@pytest.mark.parametrize("dim_v", [64, 96, 128, 256])
+@pytest.mark.parametrize("splits", [1, 3, 6, 9, 17, 48, 129])
+def test_combine_rows_per_cta_merges_every_split_once(dim_v, splits):
+    """``combine.rows_per_cta``: R divides the CTA's chunk groups, and the groups each row gets
+    (``groups / R``, split ``s`` to group ``s % per_row`` in round ``s // (per_row x 8)``)
+    take each of its splits exactly once, in one round whenever R > 1."""
+    from flashtile.kernels.combine import PER_ROUND, rows_per_cta
+
+    groups = 128 // (dim_v // 4)
+    r = rows_per_cta(dim_v, splits)
+    assert groups % r == 0, (groups, r)
+    per_row = groups // r
+    rounds = -(-splits // (per_row * PER_ROUND))
+    assert r == 1 or rounds == 1, f"R = {r} with {rounds} rounds"
+    taken = sorted((rd * PER_ROUND + j) * per_row + gi for gi in range(per_row) for rd in range(rounds)
+                   for j in range(PER_ROUND) if (rd * PER_ROUND + j) * per_row + gi < splits)
+    assert taken == list(range(splits)), taken
+    assert splits > PER_ROUND or r == groups, f"{splits} splits fit one group a row, yet R = {r} of {groups}"
+
+
 @pytest.mark.parametrize("segments", [1, 2, 3, 7, 64, 131, 512])
 @pytest.mark.parametrize("workers", [1, 2, 5, 64, 132, 199, 264])
 def test_split_shares_tile_every_segment_once(segments, workers):

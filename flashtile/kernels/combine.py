@@ -31,14 +31,19 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
     ``slot x tile_rows + tile row``, ``decode.SplitTile.partial_row``); O (RQ, dim_v) out, row
     ``r = (b * Sq + t) * H + h`` per query; LSE (RQ,) fp32 out, the (B, H, Sq) lse flat; Sinks
     (H,) fp32 (read only with sinks; its length is H); ``seqlen_q`` (Sq), ``num_kv_heads``,
-    ``workers`` (the decode's G) and ``consumers`` (partials per worker part: C slots each).
+    ``workers`` (the decode's G), ``consumers`` (partials per worker part: C slots each) and
+    ``rows_per_cta`` (R, a divisor of ``groups``: ``rows_per_cta`` picks it).
 
-    One CTA per query row.  Its threads split the row's columns in 4-wide chunks and the splits
-    in ``groups = threads // (dim_v / 4)`` interleaved groups; each thread loads the lse and its
-    chunk of ``per_round`` splits at once (one round trip: no load waits for the lse), keeps a
-    running (max, sum, output) over its rounds, and the groups merge through shared memory.  B=1
-    decode with 32 splits at d=128: one round.  (The earlier kernel, 4 rows per CTA, loaded every
-    lse, reduced, then the partials 8 splits at a time: 4 dependent rounds, ~6 us under ncu.)"""
+    R query rows per CTA.  Its threads split a row's columns in 4-wide chunks, and the CTA's
+    ``groups = threads // (dim_v / 4)`` chunk groups are dealt to its rows, ``groups / R``
+    each, which interleave the row's splits; each thread loads the lse and its chunk of
+    ``per_round`` splits at once (one round trip: no load waits for the lse), keeps a running
+    (max, sum, output) over its rounds, and a row's groups merge through shared memory.  B=1
+    decode with 48 splits at d=128: R = 1, two rounds.  Few splits a row (many segments, the
+    persistent FP8 decode: 3-6) take R = groups, one group per row, so the grid is RQ / 4 CTAs
+    instead of RQ (one row per CTA ran B=128 2k's 4096 rows in 17 us under ncu).  (The first
+    kernel, 4 rows per CTA, loaded every lse, reduced, then the partials 8 splits at a time:
+    4 dependent rounds, ~6 us under ncu at B=1.)"""
     P, RQ, H = T.dynamic("P, RQ, H")
     acc = T.float32
     neg_inf = -T.infinity(acc)
@@ -66,8 +71,9 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
         num_kv_heads: T.int32,
         workers: T.int32,
         consumers: T.int32,
+        rows_per_cta: T.int32,
     ):
-        with T.Kernel(RQ, threads=threads) as row:
+        with T.Kernel(T.ceildiv(RQ, rows_per_cta), threads=threads) as cta:
             m_s = T.alloc_shared([groups], acc)
             l_s = T.alloc_shared([groups], acc)
             o_s = T.alloc_shared([groups, dim_v], acc)
@@ -80,8 +86,17 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
             m_safe = T.alloc_var(acc, init=0.0)
             alpha = T.alloc_var(acc, init=0.0)
             w = T.alloc_var(acc, init=0.0)
-            # The row's segment g and tile row, then its splits: C consumers' slots for each
-            # worker touching g (``schedule``), partial rows ``slot * tile_rows + tile row``.
+            tx = T.get_thread_binding()
+            g = tx // chunks  # split group; threads past groups * chunks idle
+            c0 = (tx % chunks) * 4
+            # ``rows_per_cta`` rows, each taking ``per_row`` of the groups (the host makes them
+            # divide): group g merges splits g % per_row, + per_row, ... of row g // per_row.
+            per_row = T.alloc_var(T.int32, init=groups // rows_per_cta)
+            row = T.alloc_var(T.int32, init=T.min(cta * rows_per_cta + g // per_row, RQ - 1))
+            gi = T.alloc_var(T.int32, init=g % per_row)  # this group's place among its row's
+            live = T.alloc_var(T.int32, init=T.if_then_else(T.And(g < groups, cta * rows_per_cta + g // per_row < RQ), 1, 0))
+            # The row's segment and tile row, then its splits: C consumers' slots for each
+            # worker touching it (``schedule``), partial rows ``slot * tile_rows + tile row``.
             group = T.alloc_var(T.int32, init=H // num_kv_heads)
             row_tiles = T.alloc_var(T.int32, init=T.ceildiv(group * seqlen_q, BLOCK_M))
             krow = T.alloc_var(T.int32, init=(row // H) % seqlen_q * group + row % H % group)  # among its kv head's rows
@@ -93,9 +108,6 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
             num_splits = T.alloc_var(T.int32, init=count * consumers)
             tile_rows = T.alloc_var(T.int32, init=T.min(group * seqlen_q, BLOCK_M))
             prow = T.alloc_var(T.int32, init=base * tile_rows + krow % BLOCK_M)  # split 0's partial row
-            tx = T.get_thread_binding()
-            g = tx // chunks  # split group; threads past groups * chunks idle
-            c0 = (tx % chunks) * 4
             for e in T.unroll(4):
                 o_t[e] = 0.0
             # Programmatic dependent launch (the decode kernels trigger at their start, and
@@ -103,11 +115,11 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
             # setup above overlap the decode kernel's tail; the partials are read only after
             # griddepcontrol.wait (the decode grid finished, its writes visible).
             T.pdl_sync()
-            if g < groups:
-                for r in T.serial(T.ceildiv(num_splits, groups * per_round)):
+            if live == 1:
+                for r in T.serial(T.ceildiv(num_splits, per_row * per_round)):
                     # Loads first, all independent (clamped indices: no branch around a load).
                     for j in T.unroll(per_round):
-                        s = (r * per_round + j) * groups + g
+                        s = (r * per_round + j) * per_row + gi
                         sc = T.min(s, num_splits - 1)
                         lse_r[j] = T.if_then_else(s < num_splits, LSEpart[prow + sc * tile_rows], neg_inf)
                         for e in T.vectorized(4):
@@ -132,10 +144,11 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                 for e in T.unroll(4):
                     o_s[g, c0 + e] = o_t[e]
             T.sync_threads()
-            if tx < chunks:  # group 0's threads merge the groups and store
-                m_new = m_s[0]
+            if T.And(live == 1, gi == 0):  # each row's first group merges the row's groups and stores
+                m_new = m_s[g]
                 for gg in T.unroll(groups):
-                    m_new = T.max(m_new, m_s[gg])
+                    if gg < per_row:
+                        m_new = T.max(m_new, m_s[g + gg])
                 if has_sinks:
                     m_new = T.max(m_new, Sinks[row % H])
                 m_safe = reference(m_new)
@@ -143,17 +156,26 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                 for e in T.unroll(4):
                     o_t[e] = 0.0
                 for gg in T.unroll(groups):
-                    alpha = weight(m_s[gg], m_safe)
-                    l_t = l_t + l_s[gg] * alpha
-                    for e in T.unroll(4):
-                        o_t[e] = o_t[e] + o_s[gg, c0 + e] * alpha
+                    if gg < per_row:
+                        alpha = weight(m_s[g + gg], m_safe)
+                        l_t = l_t + l_s[g + gg] * alpha
+                        for e in T.unroll(4):
+                            o_t[e] = o_t[e] + o_s[g + gg, c0 + e] * alpha
                 if has_sinks:
                     l_t = l_t + weight(Sinks[row % H], m_safe)
                 w = T.if_then_else(l_t > 0, 1.0 / l_t, 0.0)
                 for e in T.unroll(4):
                     O[row, c0 + e] = T.cast(o_t[e] * w, dtype)
-                if tx == 0:
+                if tx % chunks == 0:
                     lrow = ((row // H // seqlen_q) * H + row % H) * seqlen_q + (row // H) % seqlen_q
                     LSE[lrow] = T.if_then_else(l_t > 0, T.log2(l_t) * LN2 + m_safe, neg_inf)
 
     return main
+
+
+def rows_per_cta(dim_v: int, max_splits: int, threads: int = 128, per_round: int = PER_ROUND) -> int:
+    """``combine_kernel``'s R for rows of at most ``max_splits`` splits: the most rows per CTA
+    whose groups still merge every split in one round (R dividing the group count), else 1."""
+    groups = threads // (dim_v // 4)
+    fits = [r for r in range(groups, 0, -1) if groups % r == 0 and groups // r * per_round >= max_splits]
+    return fits[0] if fits else 1

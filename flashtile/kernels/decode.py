@@ -365,16 +365,14 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
-    shares: bool = False,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
     the tile sweeps).  An FP8 cache takes ``decode_ws.decode_ws_kernel``, same arguments.
     ``chunk_blocks``: key blocks whose cache rows are looked up at once (``row_s``; 64
-    measured 1% slower than 32 on the H100).  ``shares`` (developer switch for a device A/B,
-    not yet measured: NOTES, fifteenth session): a 1-D grid of ``num_splits`` CTAs with
-    ``decode_ws``'s CTA shares (fractional or persistent, ``part_tile``) instead of
-    ``num_splits`` uniform splits per segment.
+    measured 1% slower than 32 on the H100).  The splits are uniform: ``num_splits`` per
+    segment.  (``decode_ws``'s CTA shares, fractional or persistent, measured slower here:
+    B=12 32k -0.8%, B=1 131k -1.5%, B=1 8k -12%; NOTES, sixteenth session.)
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -488,36 +486,23 @@ def decode_kernel(
     def kernel(Q, K, V, BlockTable, SeqlensK, Leftpad, O, LSE, Opart, LSEpart, Sinks, KDescale, VDescale, score_scale,
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
         H, Hkv = Sinks.shape[0], K.shape[1]
-        if shares:  # ``num_splits`` CTAs over the segments, one or more parts each (``part_tile``)
-            with T.Kernel(num_splits, threads=threads) as cta:
-                q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tiles()
-                T.pdl_trigger()  # the combine may launch early (as below)
-                parts = (cta, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in)
-                segments = T.alloc_var(T.int32, init=segment_count(SeqlensK.shape[0], Hkv, row_tile_count(H, Hkv, Sq)))
-                for part in T.serial(part_count(parts)):
-                    tile, live = part_tile(parts, part, block_n, False, has_softcap)
-                    if live:  # a CTA with the whole of one segment (one CTA per segment) writes O/lse
-                        attend(Q, K, V, BlockTable, O, LSE, Opart, LSEpart, Sinks, q_s, k_s, v_s, row_s, tok_s, head_s,
-                               qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size,
-                               page_shift, T.if_then_else(num_splits == segments, 1, 0))
-        else:
-            with T.Kernel(num_splits * row_tile_count(H, Hkv, Sq), Hkv, BlockTable.shape[0],
-                          threads=threads) as (bx, hk, b):
-                q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tiles()
-                # Programmatic dependent launch: the combine kernel may launch (and wait,
-                # resident, in its griddepcontrol.wait) once every decode CTA has started,
-                # instead of after the last one ends.  A no-op when nothing depends on this launch.
-                T.pdl_trigger()
-                # Segment g = (entry, kv head, row tile) in ``schedule``'s order, split ``split``
-                # of ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot
-                # that + g.
-                row_tile, split = bx // num_splits, bx % num_splits
-                g = segment_index(b, hk, row_tile, Hkv, row_tile_count(H, Hkv, Sq))
-                tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
-                                 (split, split + 1, num_splits), block_n, KDescale, score_scale, cap_in, False,
-                                 has_softcap, slot=g * (num_splits + 1) + split)
-                attend(Q, K, V, BlockTable, O, LSE, Opart, LSEpart, Sinks, q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s,
-                       s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size, page_shift, num_splits)
+        with T.Kernel(num_splits * row_tile_count(H, Hkv, Sq), Hkv, BlockTable.shape[0],
+                      threads=threads) as (bx, hk, b):
+            q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tiles()
+            # Programmatic dependent launch: the combine kernel may launch (and wait,
+            # resident, in its griddepcontrol.wait) once every decode CTA has started,
+            # instead of after the last one ends.  A no-op when nothing depends on this launch.
+            T.pdl_trigger()
+            # Segment g = (entry, kv head, row tile) in ``schedule``'s order, split ``split``
+            # of ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot
+            # that + g.
+            row_tile, split = bx // num_splits, bx % num_splits
+            g = segment_index(b, hk, row_tile, Hkv, row_tile_count(H, Hkv, Sq))
+            tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right,
+                             (split, split + 1, num_splits), block_n, KDescale, score_scale, cap_in, False,
+                             has_softcap, slot=g * (num_splits + 1) + split)
+            attend(Q, K, V, BlockTable, O, LSE, Opart, LSEpart, Sinks, q_s, k_s, v_s, row_s, tok_s, head_s, qrow_s,
+                   s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size, page_shift, num_splits)
 
     return decode_prim_func(dim, dim_v, dtype, dtype, kernel)
 
@@ -707,7 +692,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     n_blocks = -(-capacity // sched.cfg["block_n"])
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
-    if sched.consumers > 1 or sched.cfg.get("shares"):  # num_splits is the CTA count (``worker_count``)
+    if sched.consumers > 1:  # decode_ws: num_splits is the CTA count (``worker_count``)
         consumers = sched.consumers
         workers = num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
     else:  # decode_kernel: num_splits uniform splits per segment
@@ -743,7 +728,11 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
            out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
            page_size, page_shift, sq)
     if combined:
-        combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, workers, consumers)
+        from .combine import rows_per_cta  # (combine.py imports this module)
+
+        # Each segment's splits: C slots for each worker touching it (``schedule.segment_workers``).
+        most = (-(-workers // segments) + 1) * consumers
+        combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, workers, consumers, rows_per_cta(dv, most))
     return out, lse
 
 

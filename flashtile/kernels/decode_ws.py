@@ -137,7 +137,6 @@ def decode_ws_kernel(
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
     consumers: int = CONSUMERS,
-    skip_padding: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -158,10 +157,10 @@ def decode_ws_kernel(
     producer threads' ``cp.async.mbarrier.arrive`` (no wait in the producer at all).  Needs head
     dims whose rows are whole 16-byte copies.
 
-    ``skip_padding`` (developer switch for a device A/B, not yet measured: NOTES, fifteenth
-    session, prediction 4): a consumer warp whose 16 tile rows are all padding (GQA decode:
-    group x Sq real rows, all in warp 0 when at most 16) skips the softmax, the P cast and the
-    O rescale; those rows' P and O are never stored."""
+    A consumer warp whose 16 tile rows are all padding (GQA decode: group x Sq real rows, all
+    in warp 0 when at most 16) skips the softmax, the P cast and the O rescale; those rows' P
+    and O are never stored (H100, B=8 32k FP8: 0.5% faster contiguous, 1-2% with pages of 16
+    or 4 query tokens: NOTES, sixteenth session)."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
@@ -382,22 +381,34 @@ def decode_ws_kernel(
                     issued[w] = issued[w] + count
 
     @T.macro
+    def clear_my_queries(q_s, wg, ct):
+        """Consumer ``wg``'s 64 rows of ``q_s`` as 0, once before its first part: rows past a
+        part's real rows are never loaded (``load_my_queries``), so they hold 0 or an earlier
+        part's finite queries, whose scores only reach rows that are never stored."""
+        for it in T.unroll(BLOCK_M * dim // 8 // 128):
+            r = (it * 128 + ct) // (dim // 8)
+            c0 = (it * 128 + ct) % (dim // 8) * 8
+            for e in T.vectorized(8):
+                q_s[wg * BLOCK_M + r, c0 + e] = T.cast(0, wide)
+
+    @T.macro
     def load_my_queries(Q, q_s, tok_s, tile, wg, ct, H, Sq):
         """Consumer ``wg``'s 64 tile rows of the part's segment: their query tokens into
-        ``tok_s`` (the mask's rows) and their Q rows into its own rows of ``q_s`` as fp16
-        (rows past the tile's real rows as 0), between two barriers of its 128 threads (the
-        previous part's GEMMs and softmax are done with both; the WGMMAs read the new rows)."""
+        ``tok_s`` (the mask's rows) and the real rows' Q rows into its own rows of ``q_s`` as
+        fp16, between two barriers of its 128 threads (the previous part's GEMMs and softmax
+        are done with both; the WGMMAs read the new rows).  Only real rows: GQA decode has
+        group x Sq of 64 (4 at 32/8 heads), and persistent CTAs load them once per part."""
         T.sync_threads(CONSUMER_SYNC + wg, 128)
         if ct < BLOCK_M:
             tok_s[wg * BLOCK_M + ct] = (tile.r0 + ct) // tile.group
         for it in T.unroll(BLOCK_M * dim // 8 // 128):
             r = (it * 128 + ct) // (dim // 8)
             c0 = (it * 128 + ct) % (dim // 8) * 8
-            j = T.alloc_var(T.int32, init=T.min(tile.r0 + r, tile.rows - 1))  # a real row (clamped)
-            qrow = T.alloc_var(T.int32, init=(tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group)
-            for e in T.vectorized(8):
-                q_s[wg * BLOCK_M + r, c0 + e] = T.if_then_else(tile.r0 + r < tile.rows, T.cast(Q[qrow, c0 + e], wide),
-                                                                T.cast(0, wide))
+            if tile.r0 + r < tile.rows:
+                j = T.alloc_var(T.int32, init=tile.r0 + r)
+                qrow = T.alloc_var(T.int32, init=(tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group)
+                for e in T.vectorized(8):
+                    q_s[wg * BLOCK_M + r, c0 + e] = T.cast(Q[qrow, c0 + e], wide)
         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
         T.sync_threads(CONSUMER_SYNC + wg, 128)
 
@@ -433,17 +444,20 @@ def decode_ws_kernel(
             else:  # consumer warpgroups: every C-th block of each part, from the wg-th
                 T.set_max_nreg(consumer_regs, 1)
                 done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
+                clear_my_queries(q_s, wg, tx % 128)
                 for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part)
                     if live:
+                        # The output descale now, so its load's round trip overlaps the part
+                        # rather than delaying the store (persistent CTAs: one per part).
+                        out_scale = T.alloc_var(T.float32, init=VDescale[tile.b, tile.hk] if widen else 1.0)
                         load_my_queries(Q, q_s, tok_s, tile, wg, tx % 128, H, Sq)
                         T.clear(o)
                         T.clear(l)
                         T.fill(m, neg_inf)
                         mine = T.alloc_var(T.int32, init=consumer_blocks(tile, wg))
-                        padding_warp = 0
-                        if skip_padding:  # warp k of a consumer holds tile rows 16k .. 16k + 15 (WGMMA's m64 layout)
-                            padding_warp = T.alloc_var(T.int32, init=tx % 128 // 32 * 16 >= tile.rows - tile.r0)
+                        # Warp k of a consumer holds tile rows 16k .. 16k + 15 (WGMMA's m64 layout).
+                        padding_warp = T.alloc_var(T.int32, init=tx % 128 // 32 * 16 >= tile.rows - tile.r0)
                         for i in T.serial(mine):
                             st = T.alloc_var(T.int32, init=stage(wg, done + i))
                             kb = T.alloc_var(T.int32, init=key_block(tile, wg, i))
@@ -470,7 +484,7 @@ def decode_ws_kernel(
                             if not widen:
                                 T.barrier_arrive(empty[st])
                         store(o, m, m_safe, alpha, row_sum, l, lse, O, LSE, Opart, LSEpart, Sinks, tok_s, head_s, tile, 0,
-                              VDescale[tile.b, tile.hk] if widen else None)
+                              out_scale if widen else None)
                         done += mine
 
     return decode_prim_func(dim, dim_v, dtype, cache_dtype, kernel)
