@@ -275,6 +275,19 @@ def test_combine_of_several_rows_per_cta(c: C, monkeypatch):
     assert seen and max(seen) > 1, f"the call's combine ran one row per CTA ({seen}): the case no longer tests several"
 
 
+@pytest.mark.parametrize("c", [C(batch=1, length=8000, h=32, hkv=8, fp8=True),
+                               C(batch=1, length=5000, h=8, hkv=2, sinks=True, fp8=True)], ids=lambda c: c.id)
+def test_combine_of_many_splits_in_one_round(c: C, monkeypatch):
+    """B=1 over an FP8 cache: 16 CTAs x 3 consumers per segment, merged by the 16-load combine."""
+    from flashtile.kernels import decode as dm
+
+    seen = []
+    real = dm.combine_round
+    monkeypatch.setattr(dm, "combine_round", lambda rounds, *a: seen.append(rounds[real(rounds, *a)]) or real(rounds, *a))
+    test_kernel_matches_reference(c)
+    assert seen == [16], f"the call's combine took {seen} loads a round, not one 16-load round"
+
+
 APPEND_CASES = [c for c in GRID if c.snew and (c.rotary or c.fp8 or c.batch_idx or c.page == 1)] + [
     C(batch=3, length=300, sq=2, snew=3, rotary="halves", fp8=True, page=16, h=32, hkv=8),
     C(batch=2, length=500, sq=4, snew=4, rotary="inter", fp8=True, batch_idx=True, causal=False, d=64, dv=64),

@@ -470,24 +470,39 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
     assert worker_count(1, 8, 128, 132, sched) == 8  # ... but never below one triple
 
 
+def test_combine_round_is_the_smallest_that_takes_one_round():
+    """``decode.combine_round``: rows of few splits take the 8-load combine (16 wastes loads
+    and registers), B=1's 48 splits of an FP8 cache the 16-load one, more than 64 the last."""
+    from flashtile.kernels.decode import COMBINE_ROUNDS, combine_round
+
+    ws = COMBINE_ROUNDS["decode_ws"]
+    assert ws[combine_round(ws, 128, 6)] == 8
+    assert ws[combine_round(ws, 128, 32)] == 8
+    assert ws[combine_round(ws, 128, 48)] == 16
+    assert ws[combine_round(ws, 128, 200)] == 16
+    assert ws[combine_round(ws, 64, 48)] == 8  # 8 groups of 8 at d_v = 64
+    assert combine_round(COMBINE_ROUNDS["decode"], 128, 48) == 0
+
+
+@pytest.mark.parametrize("per_round", [8, 16])
 @pytest.mark.parametrize("dim_v", [64, 96, 128, 256])
 @pytest.mark.parametrize("splits", [1, 3, 6, 9, 17, 48, 129])
-def test_combine_rows_per_cta_merges_every_split_once(dim_v, splits):
+def test_combine_rows_per_cta_merges_every_split_once(dim_v, splits, per_round):
     """``combine.rows_per_cta``: R divides the CTA's chunk groups, and the groups each row gets
     (``groups / R``, split ``s`` to group ``s % per_row`` in round ``s // (per_row x 8)``)
     take each of its splits exactly once, in one round whenever R > 1."""
-    from flashtile.kernels.combine import PER_ROUND, rows_per_cta
+    from flashtile.kernels.combine import rows_per_cta
 
     groups = 128 // (dim_v // 4)
-    r = rows_per_cta(dim_v, splits)
+    r = rows_per_cta(dim_v, splits, per_round=per_round)
     assert groups % r == 0, (groups, r)
     per_row = groups // r
-    rounds = -(-splits // (per_row * PER_ROUND))
+    rounds = -(-splits // (per_row * per_round))
     assert r == 1 or rounds == 1, f"R = {r} with {rounds} rounds"
-    taken = sorted((rd * PER_ROUND + j) * per_row + gi for gi in range(per_row) for rd in range(rounds)
-                   for j in range(PER_ROUND) if (rd * PER_ROUND + j) * per_row + gi < splits)
+    taken = sorted((rd * per_round + j) * per_row + gi for gi in range(per_row) for rd in range(rounds)
+                   for j in range(per_round) if (rd * per_round + j) * per_row + gi < splits)
     assert taken == list(range(splits)), taken
-    assert splits > PER_ROUND or r == groups, f"{splits} splits fit one group a row, yet R = {r} of {groups}"
+    assert splits > per_round or r == groups, f"{splits} splits fit one group a row, yet R = {r} of {groups}"
 
 
 @pytest.mark.parametrize("segments", [1, 2, 3, 7, 64, 131, 512])
@@ -540,7 +555,7 @@ BUILDS = [  # (d, dv, dtype, sinks, softcap): every static switch once, few comp
 def test_build_decode(d, dv, dtype, sinks, softcap):
     from flashtile.kernels.decode import get_decode_kernels
 
-    decode, combine = get_decode_kernels(d, dv, dtype, sinks, softcap)
+    decode, combine = get_decode_kernels(d, dv, dtype, sinks, softcap)  # a bf16 cache: one combine
     src = decode.get_kernel_source()
     assert "wgmma" in src and "mma_sync" not in src, "decode GEMMs should be WGMMA"
     for name in ("int B", "int Sq", "int H", "int Hkv", "int page_size"):
@@ -711,7 +726,7 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
     consumer warpgroups at d = 128, two at 192/128 (``ws_config``)."""
     from flashtile.kernels.decode import get_decode_kernels
 
-    decode, _ = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")
+    decode = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")[0]
     src = decode.get_kernel_source()
     assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "mbarrier_cp_async_arrive_noinc" in src
     assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "expect_transaction" in src

@@ -22,7 +22,9 @@ from .schedule import segment_workers
 from .softmax import LN2, LOG2E
 from .target import PASS_CONFIGS, TARGET
 
-PER_ROUND = 8  # splits a thread loads per round, all in flight at once
+# Splits a thread loads per round, all in flight at once (the decode schedule compiles 8, or
+# 8 and 16, and each call picks: ``decode.COMBINE_ROUNDS``).
+PER_ROUND = 8
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -39,7 +41,8 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
     each, which interleave the row's splits; each thread loads the lse and its chunk of
     ``per_round`` splits at once (one round trip: no load waits for the lse), keeps a running
     (max, sum, output) over its rounds, and a row's groups merge through shared memory.  B=1
-    decode with 48 splits at d=128: R = 1, two rounds.  Few splits a row (many segments, the
+    decode at d=128: R = 1, one round of 16 for an FP8 cache's 48 splits, two of 8 for a bf16
+    cache's 33 (``decode.COMBINE_ROUNDS`` says why).  Few splits a row (many segments, the
     persistent FP8 decode: 3-6) take R = groups, one group per row, so the grid is RQ / 4 CTAs
     instead of RQ (one row per CTA ran B=128 2k's 4096 rows in 17 us under ncu).  (The first
     kernel, 4 rows per CTA, loaded every lse, reduced, then the partials 8 splits at a time:

@@ -576,14 +576,16 @@ def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
 
 
 class Schedule(NamedTuple):
-    """How one cache is decoded: the kernel builder and its tiles, CTAs resident per SM, and
+    """How one cache is decoded: the kernel builder and its tiles, CTAs resident per SM,
     consumer warpgroups per CTA, each writing its own partials (``decode_ws``: two or three;
-    ``decode_kernel``: 1)."""
+    ``decode_kernel``: 1), and the combine kernels' loads per thread per round
+    (``combine_kernel``'s ``per_round``, one kernel each: ``COMBINE_ROUNDS``)."""
 
     kernel: object
     cfg: dict
     ctas_per_sm: int
     consumers: int
+    combine_rounds: tuple
 
 
 def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None) -> Schedule:
@@ -596,24 +598,48 @@ def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = 
     return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())))
 
 
+# The combine kernels' loads per thread per round (``combine_kernel``'s ``per_round``) after
+# each decode kernel; a call takes the smallest that merges its rows' splits in one round
+# (``combine_round``).  Under programmatic dependent launch the combine's CTAs wait resident
+# beside the decode CTAs still running where registers allow: beside two ``decode_kernel``
+# CTAs (2 x 128 threads x 208 registers) 12K registers are left, which 8 loads a round fit
+# (94 registers x 128 threads) and 16 (162) do not (bf16 B=1 8k 12.5 -> 13.6 us on the H100).
+# Nothing fits beside a ``decode_ws`` CTA (its 512 threads take the register file), so there
+# 16 too, one round for B=1's 48 splits (15.4 against 16.7 us), while rows of a few splits
+# keep 8 (16 wasted half the loads and spent 162 registers: B=128 2k's combine 11.9 us under
+# ncu; NOTES, sixteenth session).
+COMBINE_ROUNDS = {"decode": (8,), "decode_ws": (8, 16)}
+
+
+def combine_round(rounds: tuple, dim_v: int, most: int) -> int:
+    """Index into ``rounds`` of the combine for rows of at most ``most`` splits: the first
+    whose one round at one row per CTA holds them all, else the last."""
+    groups = 128 // (dim_v // 4)
+    return next((i for i, r in enumerate(rounds) if groups * r >= most), len(rounds) - 1)
+
+
 @functools.lru_cache(maxsize=256)
 def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override) -> Schedule:
+    override = dict(override)
+    forced = override.pop("combine_round", 0)  # developer switch: one combine kernel, this round
     if cache_dtype is None and not ws_16bit:
-        cfg = {**decode_config(dim, dim_v), **dict(override)}
-        return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1)
+        rounds = (forced,) if forced else COMBINE_ROUNDS["decode"]
+        cfg = {**decode_config(dim, dim_v), **override}
+        return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1, rounds)
     from .decode_ws import decode_ws_kernel, ws_config
 
     cache_dtype = cache_dtype or dtype
-    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2, dict(override).get("consumers", 0)),
-           "cache_dtype": cache_dtype, **dict(override)}
-    return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"])
+    rounds = (forced,) if forced else COMBINE_ROUNDS["decode_ws"]
+    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2, override.get("consumers", 0)),
+           "cache_dtype": cache_dtype, **override}
+    return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"], rounds)
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
                        cache_dtype: str | None = None, sched: Schedule | None = None):
-    """(decode, combine) compiled for one static structure (``cache_dtype``: None, or
+    """(decode, combine, ...) compiled for one static structure (``cache_dtype``: None, or
     ``"float8_e4m3fn"`` for an FP8 cache; ``sched``: its ``decode_schedule`` when the caller
-    has it)."""
+    has it): the decode kernel, then one combine kernel per ``sched.combine_rounds``."""
     from . import cache
 
     sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype)
@@ -621,8 +647,8 @@ def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
                        has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
 
-    combine = cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks)
-    return decode, combine
+    return (decode, *(cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, per_round=r)
+                      for r in sched.combine_rounds))
 
 
 def split_count(requested: int, ctas: int, n_blocks: int, sms: int, sched: Schedule, partial_rows: int) -> int:
@@ -686,8 +712,8 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
     sched = decode_schedule(d, dv, dtype, cache_dtype)
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
-    _, decode, combine = launch.memo(("decode", *structure, id(sched)),
-                                     lambda: (sched, *get_decode_kernels(*structure, sched)))
+    _, decode, *combines = launch.memo(("decode", *structure, id(sched)),
+                                       lambda: (sched, *get_decode_kernels(*structure, sched)))
     capacity = k_cache.shape[1] * table.shape[1]
     n_blocks = -(-capacity // sched.cfg["block_n"])
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
@@ -732,7 +758,9 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
 
         # Each segment's splits: C slots for each worker touching it (``schedule.segment_workers``).
         most = (-(-workers // segments) + 1) * consumers
-        combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, workers, consumers, rows_per_cta(dv, most))
+        i = combine_round(sched.combine_rounds, dv, most)
+        combines[i](opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, workers, consumers,
+                    rows_per_cta(dv, most, per_round=sched.combine_rounds[i]))
     return out, lse
 
 
