@@ -15,7 +15,8 @@ variants (no GPU needed).  ``num_splits`` is not a tile parameter but the call's
 (0: the launcher's choice), so it varies without a new kernel.  ``ws16=1`` sends a 16-bit
 cache through ``decode_ws``'s schedule (``decode.WS_16BIT``) for that variant; ``fractional=0/1``
 forces whole or fractional CTA shares of the FP8 schedule (``decode.FRACTIONAL``);
-``combine_round=8`` or ``16`` compiles and runs only that combine (``decode.COMBINE_ROUNDS``).
+``combine_round=8`` or ``16`` compiles and runs only that combine, rows per CTA chosen per call
+(``decode.COMBINES``).
 """
 
 from __future__ import annotations

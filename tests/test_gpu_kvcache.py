@@ -254,11 +254,10 @@ def test_kernel_matches_reference(c: C):
 
 
 # Splits merged several query rows per combine CTA (``combine.rows_per_cta`` > 1: few splits a
-# row): 16-bit caches of 96 and 160 segments (8 uniform splits each), FP8 caches of 160
-# segments (fractional CTA shares) and 280 short ones (persistent CTAs).
+# row, after the FP8 decode): FP8 caches of 96 and 160 segments (fractional CTA shares) and
+# 280 short ones (persistent CTAs).
 SEVERAL_ROW_CASES = [
-    C(batch=12, length=3000, h=32, hkv=8),
-    C(batch=40, length=1000, h=16, hkv=4, page=16),
+    C(batch=12, length=3000, h=32, hkv=8, fp8=True),
     C(batch=40, length=1000, h=16, hkv=4, page=16, fp8=True),
     C(batch=70, length=300, sq=2, snew=2, h=16, hkv=4, fp8=True),
 ]
@@ -283,7 +282,8 @@ def test_combine_of_many_splits_in_one_round(c: C, monkeypatch):
 
     seen = []
     real = dm.combine_round
-    monkeypatch.setattr(dm, "combine_round", lambda rounds, *a: seen.append(rounds[real(rounds, *a)]) or real(rounds, *a))
+    monkeypatch.setattr(dm, "combine_round", lambda builds, *a: seen.append(builds[real(builds, *a)].per_round)
+                        or real(builds, *a))
     test_kernel_matches_reference(c)
     assert seen == [16], f"the call's combine took {seen} loads a round, not one 16-load round"
 

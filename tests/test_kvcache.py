@@ -472,16 +472,17 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
 
 def test_combine_round_is_the_smallest_that_takes_one_round():
     """``decode.combine_round``: rows of few splits take the 8-load combine (16 wastes loads
-    and registers), B=1's 48 splits of an FP8 cache the 16-load one, more than 64 the last."""
-    from flashtile.kernels.decode import COMBINE_ROUNDS, combine_round
+    and registers), B=1's 48 splits of an FP8 cache the 16-load one, more than 64 the last;
+    the 16-bit caches' one combine is the one-row kernel."""
+    from flashtile.kernels.decode import COMBINES, combine_round
 
-    ws = COMBINE_ROUNDS["decode_ws"]
-    assert ws[combine_round(ws, 128, 6)] == 8
-    assert ws[combine_round(ws, 128, 32)] == 8
-    assert ws[combine_round(ws, 128, 48)] == 16
-    assert ws[combine_round(ws, 128, 200)] == 16
-    assert ws[combine_round(ws, 64, 48)] == 8  # 8 groups of 8 at d_v = 64
-    assert combine_round(COMBINE_ROUNDS["decode"], 128, 48) == 0
+    ws = COMBINES["decode_ws"]
+    assert ws[combine_round(ws, 128, 6)].per_round == 8
+    assert ws[combine_round(ws, 128, 32)].per_round == 8
+    assert ws[combine_round(ws, 128, 48)].per_round == 16
+    assert ws[combine_round(ws, 128, 200)].per_round == 16
+    assert ws[combine_round(ws, 64, 48)].per_round == 8  # 8 groups of 8 at d_v = 64
+    assert [b.rows for b in COMBINES["decode"]] == [1] and combine_round(COMBINES["decode"], 128, 48) == 0
 
 
 @pytest.mark.parametrize("per_round", [8, 16])

@@ -23,18 +23,22 @@ from .softmax import LN2, LOG2E
 from .target import PASS_CONFIGS, TARGET
 
 # Splits a thread loads per round, all in flight at once (the decode schedule compiles 8, or
-# 8 and 16, and each call picks: ``decode.COMBINE_ROUNDS``).
+# 8 and 16, and each call picks: ``decode.COMBINES``).
 PER_ROUND = 8
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
-def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, per_round: int = PER_ROUND):
+def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, per_round: int = PER_ROUND,
+                   min_ctas: int = 1, rows: int = 0):
     """Kernel arguments: Opart (P, dim_v) and LSEpart (P,) fp32, the decode's partials (row
     ``slot x tile_rows + tile row``, ``decode.SplitTile.partial_row``); O (RQ, dim_v) out, row
     ``r = (b * Sq + t) * H + h`` per query; LSE (RQ,) fp32 out, the (B, H, Sq) lse flat; Sinks
     (H,) fp32 (read only with sinks; its length is H); ``seqlen_q`` (Sq), ``num_kv_heads``,
     ``workers`` (the decode's G), ``consumers`` (partials per worker part: C slots each) and
-    ``rows_per_cta`` (R, a divisor of ``groups``: ``rows_per_cta`` picks it).
+    ``rows_per_cta`` (R, a divisor of ``groups``: ``rows_per_cta`` picks it).  ``min_ctas``:
+    CTAs per SM the build is bounded for (``__launch_bounds__``' second argument).  ``rows``:
+    0 for R from ``rows_per_cta``, else R fixed at build time (the argument then unused): 1
+    gives the one-row kernel's indices, uniform over the CTA (``decode.COMBINES``).
 
     R query rows per CTA.  Its threads split a row's columns in 4-wide chunks, and the CTA's
     ``groups = threads // (dim_v / 4)`` chunk groups are dealt to its rows, ``groups / R``
@@ -42,7 +46,7 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
     ``per_round`` splits at once (one round trip: no load waits for the lse), keeps a running
     (max, sum, output) over its rounds, and a row's groups merge through shared memory.  B=1
     decode at d=128: R = 1, one round of 16 for an FP8 cache's 48 splits, two of 8 for a bf16
-    cache's 33 (``decode.COMBINE_ROUNDS`` says why).  Few splits a row (many segments, the
+    cache's 33 (``decode.COMBINES`` says why).  Few splits a row (many segments, the
     persistent FP8 decode: 3-6) take R = groups, one group per row, so the grid is RQ / 4 CTAs
     instead of RQ (one row per CTA ran B=128 2k's 4096 rows in 17 us under ncu).  (The first
     kernel, 4 rows per CTA, loaded every lse, reduced, then the partials 8 splits at a time:
@@ -58,6 +62,10 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
         """The largest lse so far as the merge's reference point: 0 while every term is empty
         (-inf), so that the weights below are exp(-inf) = 0 rather than NaN."""
         return T.if_then_else(m == neg_inf, 0.0, m)
+
+    def rows_of(rows_per_cta):
+        """R: ``rows`` when fixed at build time, else the kernel argument."""
+        return rows if rows else rows_per_cta
 
     def weight(lse, top):
         """exp(lse - top) by exp2."""
@@ -76,7 +84,9 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
         consumers: T.int32,
         rows_per_cta: T.int32,
     ):
-        with T.Kernel(T.ceildiv(RQ, rows_per_cta), threads=threads) as cta:
+        with T.Kernel(T.ceildiv(RQ, rows_of(rows_per_cta)), threads=threads) as cta:
+            if min_ctas > 1:  # a register cap (launch bounds): ``decode.COMBINES`` says why
+                T.annotate_min_blocks_per_sm(min_ctas)
             m_s = T.alloc_shared([groups], acc)
             l_s = T.alloc_shared([groups], acc)
             o_s = T.alloc_shared([groups, dim_v], acc)
@@ -92,12 +102,18 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
             tx = T.get_thread_binding()
             g = tx // chunks  # split group; threads past groups * chunks idle
             c0 = (tx % chunks) * 4
-            # ``rows_per_cta`` rows, each taking ``per_row`` of the groups (the host makes them
-            # divide): group g merges splits g % per_row, + per_row, ... of row g // per_row.
-            per_row = T.alloc_var(T.int32, init=groups // rows_per_cta)
-            row = T.alloc_var(T.int32, init=T.min(cta * rows_per_cta + g // per_row, RQ - 1))
-            gi = T.alloc_var(T.int32, init=g % per_row)  # this group's place among its row's
-            live = T.alloc_var(T.int32, init=T.if_then_else(T.And(g < groups, cta * rows_per_cta + g // per_row < RQ), 1, 0))
+            # R rows, each taking ``per_row`` of the groups (the host makes them divide): group
+            # g merges splits g % per_row, + per_row, ... of row g // per_row (``gi``: its place
+            # among the row's groups; ``live``: a group of a row that exists).
+            if rows == 1:  # every group on the CTA's one row
+                per_row, row, gi, live = groups, cta, g, T.if_then_else(g < groups, 1, 0)
+            else:
+                per_row = T.alloc_var(T.int32, init=groups // rows_of(rows_per_cta))
+                row = T.alloc_var(T.int32, init=T.min(cta * rows_of(rows_per_cta) + g // per_row, RQ - 1))
+                gi = T.alloc_var(T.int32, init=g % per_row)
+                live = T.alloc_var(T.int32, init=T.if_then_else(
+                    T.And(g < groups, cta * rows_of(rows_per_cta) + g // per_row < RQ), 1, 0))
+            g0 = 0 if rows == 1 else g  # the row's first group, in the merge (where gi == 0)
             # The row's segment and tile row, then its splits: C consumers' slots for each
             # worker touching it (``schedule``), partial rows ``slot * tile_rows + tile row``.
             group = T.alloc_var(T.int32, init=H // num_kv_heads)
@@ -148,10 +164,10 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                     o_s[g, c0 + e] = o_t[e]
             T.sync_threads()
             if T.And(live == 1, gi == 0):  # each row's first group merges the row's groups and stores
-                m_new = m_s[g]
+                m_new = m_s[g0]
                 for gg in T.unroll(groups):
                     if gg < per_row:
-                        m_new = T.max(m_new, m_s[g + gg])
+                        m_new = T.max(m_new, m_s[g0 + gg])
                 if has_sinks:
                     m_new = T.max(m_new, Sinks[row % H])
                 m_safe = reference(m_new)
@@ -160,10 +176,10 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                     o_t[e] = 0.0
                 for gg in T.unroll(groups):
                     if gg < per_row:
-                        alpha = weight(m_s[g + gg], m_safe)
-                        l_t = l_t + l_s[g + gg] * alpha
+                        alpha = weight(m_s[g0 + gg], m_safe)
+                        l_t = l_t + l_s[g0 + gg] * alpha
                         for e in T.unroll(4):
-                            o_t[e] = o_t[e] + o_s[g + gg, c0 + e] * alpha
+                            o_t[e] = o_t[e] + o_s[g0 + gg, c0 + e] * alpha
                 if has_sinks:
                     l_t = l_t + weight(Sinks[row % H], m_safe)
                 w = T.if_then_else(l_t > 0, 1.0 / l_t, 0.0)

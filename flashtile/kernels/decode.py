@@ -578,14 +578,13 @@ def ctas_per_sm(cfg: dict, dim: int, dim_v: int, itemsize: int) -> int:
 class Schedule(NamedTuple):
     """How one cache is decoded: the kernel builder and its tiles, CTAs resident per SM,
     consumer warpgroups per CTA, each writing its own partials (``decode_ws``: two or three;
-    ``decode_kernel``: 1), and the combine kernels' loads per thread per round
-    (``combine_kernel``'s ``per_round``, one kernel each: ``COMBINE_ROUNDS``)."""
+    ``decode_kernel``: 1), and the combine kernels it compiles (``CombineBuild``s: ``COMBINES``)."""
 
     kernel: object
     cfg: dict
     ctas_per_sm: int
     consumers: int
-    combine_rounds: tuple
+    combines: tuple
 
 
 def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None) -> Schedule:
@@ -598,48 +597,60 @@ def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = 
     return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())))
 
 
-# The combine kernels' loads per thread per round (``combine_kernel``'s ``per_round``) after
-# each decode kernel; a call takes the smallest that merges its rows' splits in one round
-# (``combine_round``).  Under programmatic dependent launch the combine's CTAs wait resident
-# beside the decode CTAs still running where registers allow: beside two ``decode_kernel``
-# CTAs (2 x 128 threads x 208 registers) 12K registers are left, which 8 loads a round fit
-# (94 registers x 128 threads) and 16 (162) do not (bf16 B=1 8k 12.5 -> 13.6 us on the H100).
-# Nothing fits beside a ``decode_ws`` CTA (its 512 threads take the register file), so there
-# 16 too, one round for B=1's 48 splits (15.4 against 16.7 us), while rows of a few splits
-# keep 8 (16 wasted half the loads and spent 162 registers: B=128 2k's combine 11.9 us under
-# ncu; NOTES, sixteenth session).
-COMBINE_ROUNDS = {"decode": (8,), "decode_ws": (8, 16)}
+class CombineBuild(NamedTuple):
+    """One combine kernel a decode schedule compiles (``combine_kernel``'s build arguments):
+    loads per thread per round, query rows per CTA (0: chosen per call, ``rows_per_cta``),
+    and the CTAs per SM its launch bounds promise (a register cap)."""
+
+    per_round: int
+    rows: int
+    min_ctas: int
 
 
-def combine_round(rounds: tuple, dim_v: int, most: int) -> int:
-    """Index into ``rounds`` of the combine for rows of at most ``most`` splits: the first
-    whose one round at one row per CTA holds them all, else the last."""
+# The combines after each decode kernel; a call takes the first whose one round holds its
+# rows' splits (``combine_round``).  Measured on the H100 (NOTES, sixteenth session):
+# - After ``decode_kernel`` (16-bit caches): the kernel of the fifteenth session, one row per
+#   CTA, its indices uniform over the CTA.  Under programmatic dependent launch its CTAs wait
+#   resident beside the two decode CTAs per SM (2 x 128 threads x 208 registers leave 12K),
+#   which its 80 registers fit; several rows per call (94 registers, 78 capped) or 16 loads a
+#   round (162) took bf16 B=1 8k from 12.5 to 12.8-13.7 us.
+# - After ``decode_ws`` (FP8 caches; its 512-thread CTAs leave no registers, so nothing waits
+#   resident): 8 loads a round on several rows per CTA for rows of few splits (B=128 2k's
+#   4096 rows of 3-6 splits took 17.4 us under ncu one row per CTA), capped at 78 registers so
+#   six CTAs fit an SM; 16 loads, one round for B=1's 48 splits (15.4 against 16.7 us).
+COMBINES = {"decode": (CombineBuild(8, 1, 1),),
+            "decode_ws": (CombineBuild(8, 0, 6), CombineBuild(16, 0, 1))}
+
+
+def combine_round(builds: tuple, dim_v: int, most: int) -> int:
+    """Index into ``builds`` (``CombineBuild``) of the combine for rows of at most ``most``
+    splits: the first whose one round at one row per CTA holds them all, else the last."""
     groups = 128 // (dim_v // 4)
-    return next((i for i, r in enumerate(rounds) if groups * r >= most), len(rounds) - 1)
+    return next((i for i, b in enumerate(builds) if groups * b.per_round >= most), len(builds) - 1)
 
 
 @functools.lru_cache(maxsize=256)
 def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override) -> Schedule:
     override = dict(override)
-    forced = override.pop("combine_round", 0)  # developer switch: one combine kernel, this round
+    forced = override.pop("combine_round", 0)  # developer switch: one combine, this round, rows per call
     if cache_dtype is None and not ws_16bit:
-        rounds = (forced,) if forced else COMBINE_ROUNDS["decode"]
+        combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode"]
         cfg = {**decode_config(dim, dim_v), **override}
-        return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1, rounds)
+        return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1, combines)
     from .decode_ws import decode_ws_kernel, ws_config
 
     cache_dtype = cache_dtype or dtype
-    rounds = (forced,) if forced else COMBINE_ROUNDS["decode_ws"]
+    combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode_ws"]
     cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2, override.get("consumers", 0)),
            "cache_dtype": cache_dtype, **override}
-    return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"], rounds)
+    return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"], combines)
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
                        cache_dtype: str | None = None, sched: Schedule | None = None):
     """(decode, combine, ...) compiled for one static structure (``cache_dtype``: None, or
     ``"float8_e4m3fn"`` for an FP8 cache; ``sched``: its ``decode_schedule`` when the caller
-    has it): the decode kernel, then one combine kernel per ``sched.combine_rounds``."""
+    has it): the decode kernel, then one combine kernel per ``sched.combines``."""
     from . import cache
 
     sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype)
@@ -647,8 +658,8 @@ def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_so
                        has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
 
-    return (decode, *(cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, per_round=r)
-                      for r in sched.combine_rounds))
+    return (decode, *(cache.get(combine_kernel, None, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, **b._asdict())
+                      for b in sched.combines))
 
 
 def split_count(requested: int, ctas: int, n_blocks: int, sms: int, sched: Schedule, partial_rows: int) -> int:
@@ -758,9 +769,10 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
 
         # Each segment's splits: C slots for each worker touching it (``schedule.segment_workers``).
         most = (-(-workers // segments) + 1) * consumers
-        i = combine_round(sched.combine_rounds, dv, most)
+        i = combine_round(sched.combines, dv, most)
+        build = sched.combines[i]
         combines[i](opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, workers, consumers,
-                    rows_per_cta(dv, most, per_round=sched.combine_rounds[i]))
+                    build.rows or rows_per_cta(dv, most, per_round=build.per_round))
     return out, lse
 
 
