@@ -288,6 +288,25 @@ def test_combine_of_many_splits_in_one_round(c: C, monkeypatch):
     assert seen == [16], f"the call's combine took {seen} loads a round, not one 16-load round"
 
 
+# decode_ws's developer switch ``q_stage`` (the producer stages each part's Q rows; built, not
+# yet run on a GPU when added: run these first, ``-k q_stage``): one part per CTA, fractional
+# shares (two parts), persistent CTAs (several), 4 query tokens.
+Q_STAGE_CASES = [
+    C(batch=8, length=3000, h=32, hkv=8, fp8=True),
+    C(batch=12, length=3000, h=32, hkv=8, fp8=True, page=16),
+    C(batch=70, length=300, sq=2, snew=2, h=16, hkv=4, fp8=True),
+    C(batch=40, length=1000, sq=4, snew=4, h=32, hkv=8, fp8=True),
+]
+
+
+@pytest.mark.parametrize("c", Q_STAGE_CASES, ids=lambda c: c.id)
+def test_q_stage_switch(c: C, monkeypatch):
+    from flashtile.kernels import decode as dm
+
+    monkeypatch.setattr(dm, "CFG_OVERRIDE", {"q_stage": 1})
+    test_kernel_matches_reference(c)
+
+
 APPEND_CASES = [c for c in GRID if c.snew and (c.rotary or c.fp8 or c.batch_idx or c.page == 1)] + [
     C(batch=3, length=300, sq=2, snew=3, rotary="halves", fp8=True, page=16, h=32, hkv=8),
     C(batch=2, length=500, sq=4, snew=4, rotary="inter", fp8=True, batch_idx=True, causal=False, d=64, dv=64),
