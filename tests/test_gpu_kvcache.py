@@ -18,6 +18,7 @@ One command: ``python -m pytest -q -m gpu tests/test_gpu_kvcache.py``.
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from dataclasses import dataclass
 
@@ -289,8 +290,9 @@ def test_combine_of_many_splits_in_one_round(c: C, monkeypatch):
 
 
 # decode_ws's developer switch ``q_stage`` (the producer stages each part's Q rows; built, not
-# yet run on a GPU when added: run these first, ``-k q_stage``): one part per CTA, fractional
-# shares (two parts), persistent CTAs (several), 4 query tokens.
+# yet run on a GPU when added, and a barrier-protocol bug would hang the suite, so they run
+# only with FLASHTILE_STAGED=1, alone: ``FLASHTILE_STAGED=1 pytest -m gpu -k q_stage``): one
+# part per CTA, fractional shares (two parts), persistent CTAs (several), 4 query tokens.
 Q_STAGE_CASES = [
     C(batch=8, length=3000, h=32, hkv=8, fp8=True),
     C(batch=12, length=3000, h=32, hkv=8, fp8=True, page=16),
@@ -299,6 +301,7 @@ Q_STAGE_CASES = [
 ]
 
 
+@pytest.mark.skipif(os.environ.get("FLASHTILE_STAGED") != "1", reason="staged switch: FLASHTILE_STAGED=1")
 @pytest.mark.parametrize("c", Q_STAGE_CASES, ids=lambda c: c.id)
 def test_q_stage_switch(c: C, monkeypatch):
     from flashtile.kernels import decode as dm
