@@ -254,7 +254,7 @@ def test_kernel_matches_reference(c: C):
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"{name} differs after the append"
 
 
-# Splits merged several query rows per combine CTA (``combine.rows_per_cta`` > 1: few splits a
+# Splits merged several query rows per combine CTA (``decode.rows_per_cta`` > 1: few splits a
 # row, after the FP8 decode): FP8 caches of 96 and 160 segments (fractional CTA shares) and
 # 280 short ones (persistent CTAs).
 SEVERAL_ROW_CASES = [
@@ -266,11 +266,11 @@ SEVERAL_ROW_CASES = [
 
 @pytest.mark.parametrize("c", SEVERAL_ROW_CASES, ids=lambda c: c.id)
 def test_combine_of_several_rows_per_cta(c: C, monkeypatch):
-    from flashtile.kernels import combine
+    from flashtile.kernels import decode as dm
 
     seen = []
-    real = combine.rows_per_cta
-    monkeypatch.setattr(combine, "rows_per_cta", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    real = dm.rows_per_cta
+    monkeypatch.setattr(dm, "rows_per_cta", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     test_kernel_matches_reference(c)
     assert seen and max(seen) > 1, f"the call's combine ran one row per CTA ({seen}): the case no longer tests several"
 

@@ -489,10 +489,10 @@ def test_combine_round_is_the_smallest_that_takes_one_round():
 @pytest.mark.parametrize("dim_v", [64, 96, 128, 256])
 @pytest.mark.parametrize("splits", [1, 3, 6, 9, 17, 48, 129])
 def test_combine_rows_per_cta_merges_every_split_once(dim_v, splits, per_round):
-    """``combine.rows_per_cta``: R divides the CTA's chunk groups, and the groups each row gets
+    """``decode.rows_per_cta``: R divides the CTA's chunk groups, and the groups each row gets
     (``groups / R``, split ``s`` to group ``s % per_row`` in round ``s // (per_row x 8)``)
     take each of its splits exactly once, in one round whenever R > 1."""
-    from flashtile.kernels.combine import rows_per_cta
+    from flashtile.kernels.decode import rows_per_cta
 
     groups = 128 // (dim_v // 4)
     r = rows_per_cta(dim_v, splits, per_round=per_round)

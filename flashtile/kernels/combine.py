@@ -35,7 +35,7 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
     ``r = (b * Sq + t) * H + h`` per query; LSE (RQ,) fp32 out, the (B, H, Sq) lse flat; Sinks
     (H,) fp32 (read only with sinks; its length is H); ``seqlen_q`` (Sq), ``num_kv_heads``,
     ``workers`` (the decode's G), ``consumers`` (partials per worker part: C slots each) and
-    ``rows_per_cta`` (R, a divisor of ``groups``: ``rows_per_cta`` picks it).  ``min_ctas``:
+    ``rows_per_cta`` (R, a divisor of ``groups``: ``decode.rows_per_cta`` picks it).  ``min_ctas``:
     CTAs per SM the build is bounded for (``__launch_bounds__``' second argument).  ``rows``:
     0 for R from ``rows_per_cta``, else R fixed at build time (the argument then unused): 1
     gives the one-row kernel's indices, uniform over the CTA (``decode.COMBINES``).
@@ -191,10 +191,3 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
 
     return main
 
-
-def rows_per_cta(dim_v: int, max_splits: int, threads: int = 128, per_round: int = PER_ROUND) -> int:
-    """``combine_kernel``'s R for rows of at most ``max_splits`` splits: the most rows per CTA
-    whose groups still merge every split in one round (R dividing the group count), else 1."""
-    groups = threads // (dim_v // 4)
-    fits = [r for r in range(groups, 0, -1) if groups % r == 0 and groups // r * per_round >= max_splits]
-    return fits[0] if fits else 1

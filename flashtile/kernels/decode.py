@@ -622,11 +622,25 @@ COMBINES = {"decode": (CombineBuild(8, 1, 1),),
             "decode_ws": (CombineBuild(8, 0, 6), CombineBuild(16, 0, 1))}
 
 
+def combine_groups(dim_v: int) -> int:
+    """Chunk groups of a 128-thread combine CTA (``combine_kernel``'s ``groups``): its threads
+    take a row's columns 4 at a time."""
+    return 128 // (dim_v // 4)
+
+
 def combine_round(builds: tuple, dim_v: int, most: int) -> int:
     """Index into ``builds`` (``CombineBuild``) of the combine for rows of at most ``most``
     splits: the first whose one round at one row per CTA holds them all, else the last."""
-    groups = 128 // (dim_v // 4)
+    groups = combine_groups(dim_v)
     return next((i for i, b in enumerate(builds) if groups * b.per_round >= most), len(builds) - 1)
+
+
+def rows_per_cta(dim_v: int, max_splits: int, per_round: int) -> int:
+    """``combine_kernel``'s R for rows of at most ``max_splits`` splits: the most rows per CTA
+    whose groups still merge every split in one round (R dividing the group count), else 1."""
+    groups = combine_groups(dim_v)
+    fits = [r for r in range(groups, 0, -1) if groups % r == 0 and groups // r * per_round >= max_splits]
+    return fits[0] if fits else 1
 
 
 @functools.lru_cache(maxsize=256)
@@ -765,8 +779,6 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
            out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
            page_size, page_shift, sq)
     if combined:
-        from .combine import rows_per_cta  # (combine.py imports this module)
-
         # Each segment's splits: C slots for each worker touching it (``schedule.segment_workers``).
         most = (-(-workers // segments) + 1) * consumers
         i = combine_round(sched.combines, dv, most)

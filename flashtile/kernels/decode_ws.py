@@ -341,16 +341,26 @@ def decode_ws_kernel(
         else:
             widen_rows(k_s, v_s, k_ring, v_ring, tile, st, n0, ct, wg, True)
 
+    q_pieces = BLOCK_M * dim // 8 // 128  # 8-value pieces of a 64-row Q tile per thread of 128
+
+    def q_piece(it, t):
+        """(tile row, first column) of thread ``t``'s ``it``-th 8-value piece of a Q tile."""
+        return (it * 128 + t) // (dim // 8), (it * 128 + t) % (dim // 8) * 8
+
+    def q_row(tile, j, H, Sq):
+        """Row in Q, ``(b Sq + t) H + h``, of the part's ``j``-th row among its kv head's rows
+        (token ``j // group``, head ``hk group + j % group``)."""
+        return (tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group
+
     @T.macro
     def stage_queries(Q, qn_s, tile, pt, H, Sq):
         """Producer thread ``pt``'s share of the part's real Q rows, 16-byte cp.async copies
         into ``qn_s`` (row r: tile row r; padding rows are not copied)."""
-        for it in T.unroll(BLOCK_M * dim // 8 // 128):
-            r = (it * 128 + pt) // (dim // 8)
-            c0 = (it * 128 + pt) % (dim // 8) * 8
+        for it in T.unroll(q_pieces):
+            r, c0 = q_piece(it, pt)
             if tile.r0 + r < tile.rows:
                 j = T.alloc_var(T.int32, init=tile.r0 + r)
-                qrow = T.alloc_var(T.int32, init=(tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group)
+                qrow = T.alloc_var(T.int32, init=q_row(tile, j, H, Sq))
                 T.ptx_cp_async(T.access_ptr(qn_s[r, c0], "w", 8), T.access_ptr(Q[qrow, c0], "r", 8), 8)
 
     @T.macro
@@ -415,48 +425,38 @@ def decode_ws_kernel(
         """Consumer ``wg``'s 64 rows of ``q_s`` as 0, once before its first part: rows past a
         part's real rows are never loaded (``load_my_queries``), so they hold 0 or an earlier
         part's finite queries, whose scores only reach rows that are never stored."""
-        for it in T.unroll(BLOCK_M * dim // 8 // 128):
-            r = (it * 128 + ct) // (dim // 8)
-            c0 = (it * 128 + ct) % (dim // 8) * 8
+        for it in T.unroll(q_pieces):
+            r, c0 = q_piece(it, ct)
             for e in T.vectorized(8):
                 q_s[wg * BLOCK_M + r, c0 + e] = T.cast(0, wide)
 
     @T.macro
-    def load_my_queries(Q, q_s, tok_s, tile, wg, ct, H, Sq):
+    def load_my_queries(Q, q_s, tok_s, tile, wg, ct, H, Sq, staged):
         """Consumer ``wg``'s 64 tile rows of the part's segment: their query tokens into
         ``tok_s`` (the mask's rows) and the real rows' Q rows into its own rows of ``q_s`` as
         fp16, between two barriers of its 128 threads (the previous part's GEMMs and softmax
         are done with both; the WGMMAs read the new rows).  Only real rows: GQA decode has
-        group x Sq of 64 (4 at 32/8 heads), and persistent CTAs load them once per part."""
+        group x Sq of 64 (4 at 32/8 heads), and persistent CTAs load them once per part.
+        ``staged``: None (rows from Q), or ``(qn_s, q_full, q_empty, taken)`` with ``q_stage``:
+        rows from the producer's stage, released once read."""
         T.sync_threads(CONSUMER_SYNC + wg, 128)
         if ct < BLOCK_M:
             tok_s[wg * BLOCK_M + ct] = (tile.r0 + ct) // tile.group
-        for it in T.unroll(BLOCK_M * dim // 8 // 128):
-            r = (it * 128 + ct) // (dim // 8)
-            c0 = (it * 128 + ct) % (dim // 8) * 8
+        if staged is not None:
+            T.barrier_wait(staged[1][0], staged[3] & 1)
+        for it in T.unroll(q_pieces):
+            r, c0 = q_piece(it, ct)
             if tile.r0 + r < tile.rows:
-                j = T.alloc_var(T.int32, init=tile.r0 + r)
-                qrow = T.alloc_var(T.int32, init=(tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group)
-                for e in T.vectorized(8):
-                    q_s[wg * BLOCK_M + r, c0 + e] = T.cast(Q[qrow, c0 + e], wide)
-        T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
-        T.sync_threads(CONSUMER_SYNC + wg, 128)
-
-    @T.macro
-    def take_my_queries(qn_s, q_s, tok_s, tile, wg, ct, q_full, q_empty, taken):
-        """``load_my_queries`` from the producer's Q stage (``q_stage``): the part's real rows
-        converted into consumer ``wg``'s rows of ``q_s``, the stage released once read."""
-        T.sync_threads(CONSUMER_SYNC + wg, 128)
-        if ct < BLOCK_M:
-            tok_s[wg * BLOCK_M + ct] = (tile.r0 + ct) // tile.group
-        T.barrier_wait(q_full[0], taken & 1)
-        for it in T.unroll(BLOCK_M * dim // 8 // 128):
-            r = (it * 128 + ct) // (dim // 8)
-            c0 = (it * 128 + ct) % (dim // 8) * 8
-            if tile.r0 + r < tile.rows:
-                for e in T.vectorized(8):
-                    q_s[wg * BLOCK_M + r, c0 + e] = T.cast(qn_s[r, c0 + e], wide)
-        T.barrier_arrive(q_empty[0])
+                if staged is None:
+                    j = T.alloc_var(T.int32, init=tile.r0 + r)
+                    qrow = T.alloc_var(T.int32, init=q_row(tile, j, H, Sq))
+                    for e in T.vectorized(8):
+                        q_s[wg * BLOCK_M + r, c0 + e] = T.cast(Q[qrow, c0 + e], wide)
+                else:
+                    for e in T.vectorized(8):
+                        q_s[wg * BLOCK_M + r, c0 + e] = T.cast(staged[0][r, c0 + e], wide)
+        if staged is not None:
+            T.barrier_arrive(staged[2][0])
         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
         T.sync_threads(CONSUMER_SYNC + wg, 128)
 
@@ -505,11 +505,10 @@ def decode_ws_kernel(
                         # The output descale now, so its load's round trip overlaps the part
                         # rather than delaying the store (persistent CTAs: one per part).
                         out_scale = T.alloc_var(T.float32, init=VDescale[tile.b, tile.hk] if widen else 1.0)
+                        load_my_queries(Q, q_s, tok_s, tile, wg, tx % 128, H, Sq,
+                                        (qn_s, *q_bars, taken) if q_stage else None)
                         if q_stage:
-                            take_my_queries(qn_s, q_s, tok_s, tile, wg, tx % 128, q_bars[0], q_bars[1], taken)
                             taken += 1
-                        else:
-                            load_my_queries(Q, q_s, tok_s, tile, wg, tx % 128, H, Sq)
                         T.clear(o)
                         T.clear(l)
                         T.fill(m, neg_inf)
