@@ -25,7 +25,7 @@ import flashtile
 import flashtile.fp8  # noqa: F401  (the --fp8 inputs)
 from flashtile.kernels import configs
 
-# (block_m, block_n, stages, threads, manual_ws, pingpong, tiles_per_cta) for the forward; (block_n, block_m, stages, threads,
+# (block_m, block_n, stages, threads, manual_ws, pingpong, tiles_per_cta, skip_rescale) for the forward; (block_n, block_m, stages, threads,
 # overlap, manual_ws) for the backward.  First entry of each list = the table's current choice.
 FWD = {
     64: [(192, 128, 2, 384, 1, 1), (192, 128, 2, 384, 1, 1, 0), (128, 128, 2, 256, 1, 1, 0)],
@@ -49,8 +49,8 @@ TABLES = {"fwd": FWD, "bwd": BWD, "bwd_dq": DQ}  # keys are also configs.overrid
 
 def make_config(which, cfg):
     cls = {"fwd": configs.FwdConfig, "bwd": configs.BwdConfig, "bwd_dq": configs.DqConfig}[which]
-    if which == "fwd":  # manual_ws and pingpong flags, then tiles_per_cta
-        return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:6]), *cfg[6:])
+    if which == "fwd":  # manual_ws and pingpong flags, then tiles_per_cta, then the skip_rescale flag
+        return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:6]), *cfg[6:7], *(bool(flag) for flag in cfg[7:]))
     return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then the flags, in field order
 
 

@@ -26,6 +26,7 @@ import torch
 
 from flashtile import flash_attn_func, flash_attn_varlen_func, fp8, reference
 from flashtile.kernels import debug
+from test_gpu_kernels import rising_qk
 
 pytestmark = pytest.mark.gpu
 
@@ -46,6 +47,7 @@ class C:
     sinks: bool = False
     softcap: float = 0.0
     out_dtype: torch.dtype = torch.bfloat16
+    rise: float = 0.0  # > 0: scores rising along each row by about this many nats (``rising_qk``)
 
     @property
     def id(self) -> str:
@@ -53,6 +55,7 @@ class C:
         parts += ["causal"] * self.causal + ([f"win{self.window}"] if self.window != (-1, -1) else [])
         parts += ["sinks"] * self.sinks + ([f"cap{self.softcap}"] if self.softcap else [])
         parts += ["fp16"] if self.out_dtype == torch.float16 else []
+        parts += [f"rise{self.rise:g}"] if self.rise else []
         return "-".join(parts)
 
 
@@ -76,12 +79,20 @@ DENSE = [
     C(sq=200, sk=333, softcap=30.0),
     C(sq=333, sk=333, causal=True, sinks=True, softcap=20.0, out_dtype=torch.float16),
     C(sq=100, sk=100, out_dtype=torch.float16),
+    # The row max moves block after block (``rising_qk``): the O rescale taken and skipped.
+    C(b=1, sq=300, sk=2000, rise=40.0),
+    C(b=1, sq=700, sk=1500, rise=3.0, causal=True, h=8, hkv=2),
+    C(b=1, sq=200, sk=1200, d=256, dv=256, rise=10.0),
+    C(b=1, sq=400, sk=1000, d=64, dv=64, rise=20.0),
 ]
 
 
 def _dense_inputs(c: C, gen):
-    q = torch.randn(c.b, c.sq, c.h, c.d, generator=gen)
-    k = torch.randn(c.b, c.sk, c.hkv, c.d, generator=gen)
+    if c.rise:
+        q, k = rising_qk(c.b, c.sq, c.sk, c.h, c.hkv, c.d, c.rise, torch.float32, device="cpu", gen=gen)
+    else:
+        q = torch.randn(c.b, c.sq, c.h, c.d, generator=gen)
+        k = torch.randn(c.b, c.sk, c.hkv, c.d, generator=gen)
     v = torch.randn(c.b, c.sk, c.hkv, c.dv, generator=gen)
     return q, k, v
 

@@ -541,3 +541,39 @@ def test_tiles_that_see_nothing_write_exact_zeros(d, dv, softcap):
             assert torch.equal(out[:, blind_rows], torch.zeros_like(out[:, blind_rows])), f"{where}: rows that see no key must output exact zeros"
             assert torch.isneginf(lse[:, :, blind_rows]).all(), f"{where}: rows that see no key must have lse -inf"
             assert (dk[:, unseen_keys] == 0).all() and (dv_[:, unseen_keys] == 0).all(), f"{where}: keys no query sees must get zero dk/dv"
+
+
+def rising_qk(b, sq, sk, h, hkv, d, rise, dtype, device="cuda", gen=None):
+    """q, k in ``dtype`` whose scores rise along the key axis: ``q . k_j / sqrt(d)`` grows by
+    about ``rise`` (nats) from the first key to the last, over random scores of unit spread.  A
+    row's max then moves in most blocks, so the forward's warps take the O rescale in some
+    blocks and skip it in others (``fwd_ws.rescaler``), where random inputs, whose max settles
+    within a row's first blocks, mostly skip it."""
+    u = torch.nn.functional.normalize(torch.randn(d, generator=gen), dim=0)
+    c0 = 8.0  # q's component along u; k_j's is t_j, so the scores gain c0 t_j / sqrt(d)
+    t = torch.linspace(0, rise * math.sqrt(d) / c0, sk)
+    q = torch.randn(b, sq, h, d, generator=gen) + c0 * u
+    k = torch.randn(b, sk, hkv, d, generator=gen) + t[None, :, None, None] * u
+    return q.to(device=device, dtype=dtype), k.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("d,mask,rise,dtype", [
+    (64, "none", 40.0, BF16), (128, "none", 40.0, FP16), (128, "causal", 6.0, BF16),
+    (128, "none", 6.0, BF16), (256, "causal", 40.0, BF16), (192, "none", 12.0, FP16),
+    (256, "none", 6.0, FP16), (64, "causal", 6.0, FP16),
+], ids=lambda x: str(x).replace("torch.", ""))
+def test_rising_scores_move_the_row_max(d, mask, rise, dtype):
+    """Scores that rise along each row (``rising_qk``, slowly and steeply) move the row max in
+    many blocks: warps rescale O in some blocks and skip it in others; out, lse and the
+    gradients must satisfy flash-attn's rule against the float32 reference
+    (``rule_failures``)."""
+    causal, window = MASKS[mask]
+    dv = 128 if d == 192 else d
+    q, k = rising_qk(2, 777, 1500, 4, 2, d, rise, dtype)
+    v = torch.randn(2, 1500, 2, dv, device="cuda", dtype=dtype)
+    dout = torch.randn(2, 777, 4, dv, device="cuda", dtype=dtype)
+    got, error = run_kernel(q, k, v, None, dout, None, causal, window, 0.0)
+    assert error is None, error
+    lp, r32 = run_references(q, k, v, None, dout, None, causal, window, 0.0)
+    fails = rule_failures(f"rising scores d={d} {mask} rise={rise}", got, lp, r32)
+    assert not fails, "\n".join(fails)

@@ -75,6 +75,30 @@ def gemm_turns(pingpong: bool, n_wg: int):
     return take_turn, pass_turn
 
 
+def rescaler(block_m: int, dim_v: int, skip: bool):
+    """Macro ``rescale(o, alpha)``: ``O *= alpha`` row by row.  ``skip``: only in warps where
+    some row's alpha is not 1 (``__any_sync`` keeps the branch uniform over the warp).
+    ``online_softmax`` sets alpha to exactly 1 for a row whose max did not move, so skipping
+    changes no bit of the result.  At d=256 the multiply is most of a block's per-element work
+    (128 accumulator values a thread against 40 scores at 80 keys); with random scores no row
+    of a warp moves in ~2/3 of the blocks of a 16k row and ~1/3 at 4k."""
+
+    @T.macro
+    def rescale(o, alpha):
+        if skip:
+            moved = T.alloc_var(T.int32, init=0)
+            for i in T.Parallel(block_m):
+                moved = moved | T.Cast(T.int32, alpha[i] != 1.0)
+            if T.call_extern(T.int32, "__any_sync", T.uint32(0xFFFFFFFF), moved) != 0:
+                for r, c in T.Parallel(block_m, dim_v):
+                    o[r, c] *= alpha[r]
+        else:
+            for r, c in T.Parallel(block_m, dim_v):
+                o[r, c] *= alpha[r]
+
+    return rescale
+
+
 def fwd_ws_prim_func(
     dim: int,
     dim_v: int,
@@ -90,11 +114,13 @@ def fwd_ws_prim_func(
     varlen: bool = False,
     num_sms: int = 132,
     out_dtype: str = None,
+    skip_rescale: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
     1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (``num_sms`` CTAs, one
-    per SM of the device, walk all pairs).  Packed (``varlen``) batches take the one-tile
+    per SM of the device, walk all pairs).  ``skip_rescale``: a warp whose rows all kept their max
+    skips ``O *= alpha`` (``rescaler``).  Packed (``varlen``) batches take the one-tile
     schedule: the pairs mirror blocks of one row, which needs every row's block count."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
@@ -112,10 +138,7 @@ def fwd_ws_prim_func(
     # d=128 kernel an 8-byte spill.
     bottom_aligned = block_m != block_n
 
-    @T.macro
-    def rescale(o, alpha):
-        for r, c in T.Parallel(block_m, dim_v):
-            o[r, c] *= alpha[r]
+    rescale = rescaler(block_m, dim_v, skip_rescale)
 
     @T.macro
     def block_steps(q_tile, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty,
