@@ -18,7 +18,6 @@ One command: ``python -m pytest -q -m gpu tests/test_gpu_kvcache.py``.
 from __future__ import annotations
 
 import math
-import os
 import zlib
 from dataclasses import dataclass
 
@@ -287,27 +286,6 @@ def test_combine_of_many_splits_in_one_round(c: C, monkeypatch):
                         or real(builds, *a))
     test_kernel_matches_reference(c)
     assert seen == [16], f"the call's combine took {seen} loads a round, not one 16-load round"
-
-
-# decode_ws's developer switch ``q_stage`` (the producer stages each part's Q rows; built, not
-# yet run on a GPU when added, and a barrier-protocol bug would hang the suite, so they run
-# only with FLASHTILE_STAGED=1, alone: ``FLASHTILE_STAGED=1 pytest -m gpu -k q_stage``): one
-# part per CTA, fractional shares (two parts), persistent CTAs (several), 4 query tokens.
-Q_STAGE_CASES = [
-    C(batch=8, length=3000, h=32, hkv=8, fp8=True),
-    C(batch=12, length=3000, h=32, hkv=8, fp8=True, page=16),
-    C(batch=70, length=300, sq=2, snew=2, h=16, hkv=4, fp8=True),
-    C(batch=40, length=1000, sq=4, snew=4, h=32, hkv=8, fp8=True),
-]
-
-
-@pytest.mark.skipif(os.environ.get("FLASHTILE_STAGED") != "1", reason="staged switch: FLASHTILE_STAGED=1")
-@pytest.mark.parametrize("c", Q_STAGE_CASES, ids=lambda c: c.id)
-def test_q_stage_switch(c: C, monkeypatch):
-    from flashtile.kernels import decode as dm
-
-    monkeypatch.setattr(dm, "CFG_OVERRIDE", {"q_stage": 1})
-    test_kernel_matches_reference(c)
 
 
 APPEND_CASES = [c for c in GRID if c.snew and (c.rotary or c.fp8 or c.batch_idx or c.page == 1)] + [

@@ -137,7 +137,6 @@ def decode_ws_kernel(
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
     consumers: int = CONSUMERS,
-    q_stage: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -161,13 +160,7 @@ def decode_ws_kernel(
     A consumer warp whose 16 tile rows are all padding (GQA decode: group x Sq real rows, all
     in warp 0 when at most 16) skips the softmax, the P cast and the O rescale; those rows' P
     and O are never stored (H100, B=8 32k FP8: 0.5% faster contiguous, 1-2% with pages of 16
-    or 4 query tokens: NOTES, sixteenth session).
-
-    ``q_stage`` (developer switch, built and compile-checked, not yet run on a GPU: NOTES,
-    sixteenth session, prediction 4): the producer copies each part's real Q rows into a
-    shared stage (cp.async, its ``q_full`` barrier) before the part's first block, a part
-    ahead of the consumers, which take their rows from the stage (``q_empty`` once all have)
-    instead of loading them from global memory between their two barriers."""
+    or 4 query tokens: NOTES, sixteenth session)."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
@@ -175,8 +168,6 @@ def decode_ws_kernel(
     assert num_stages % consumers == 0, "each consumer owns num_stages / consumers ring stages (``stage``)"
     box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
     assert block_n % box == 0 and consumers in REGS
-    assert not q_stage or smem_bytes(dim, dim_v, block_n, num_stages, item, consumers) + BLOCK_M * dim * 2 <= SMEM_LIMIT, \
-        "no shared memory for the Q stage"
     acc = T.float32
     producer_regs, consumer_regs = REGS[consumers]
     rows = consumers * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
@@ -353,19 +344,7 @@ def decode_ws_kernel(
         return (tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group
 
     @T.macro
-    def stage_queries(Q, qn_s, tile, pt, H, Sq):
-        """Producer thread ``pt``'s share of the part's real Q rows, 16-byte cp.async copies
-        into ``qn_s`` (row r: tile row r; padding rows are not copied)."""
-        for it in T.unroll(q_pieces):
-            r, c0 = q_piece(it, pt)
-            if tile.r0 + r < tile.rows:
-                j = T.alloc_var(T.int32, init=tile.r0 + r)
-                qrow = T.alloc_var(T.int32, init=q_row(tile, j, H, Sq))
-                T.ptx_cp_async(T.access_ptr(qn_s[r, c0], "w", 8), T.access_ptr(Q[qrow, c0], "r", 8), 8)
-
-    @T.macro
-    def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, pt, page_size, page_shift, Q, qn_s,
-                q_bars, H, Sq):
+    def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, pt, page_size, page_shift):
         """The producer's stream, part by part of the CTA's share (``part_tile``): round ``i``
         takes block ``i`` of every consumer that has one (consumer order, so the part's blocks
         in key order), each into its consumer's next stage (``stage``, counted over all
@@ -383,17 +362,9 @@ def decode_ws_kernel(
         for w in T.unroll(consumers):
             issued[w] = 0
         rows_r = T.alloc_local([block_n // box], T.int32)  # the next block's TMA box rows (``tma_rows``)
-        if q_stage:
-            q_full, q_empty = q_bars
-            staged = T.alloc_var(T.int32, init=0)  # live parts whose queries were staged
         for part in T.serial(part_count(parts)):
             tile, live = part_tile(parts, part)
             if live:
-                if q_stage:  # the part's queries, once the consumers have taken the last part's
-                    T.barrier_wait(q_empty[0], (staged & 1) ^ 1)  # a fresh barrier passes parity 1
-                    stage_queries(Q, qn_s, tile, pt, H, Sq)
-                    T.cp_async_barrier_noinc(q_full[0])
-                    staged += 1
                 counts = consumer_counts(tile)
                 for i in T.serial(counts[0]):
                     for w, count in enumerate(counts):  # unrolled in Python (TileLang turns ``range`` into a loop)
@@ -431,32 +402,26 @@ def decode_ws_kernel(
                 q_s[wg * BLOCK_M + r, c0 + e] = T.cast(0, wide)
 
     @T.macro
-    def load_my_queries(Q, q_s, tok_s, tile, wg, ct, H, Sq, staged):
+    def load_my_queries(Q, q_s, tok_s, tile, wg, ct, H, Sq):
         """Consumer ``wg``'s 64 tile rows of the part's segment: their query tokens into
         ``tok_s`` (the mask's rows) and the real rows' Q rows into its own rows of ``q_s`` as
         fp16, between two barriers of its 128 threads (the previous part's GEMMs and softmax
         are done with both; the WGMMAs read the new rows).  Only real rows: GQA decode has
         group x Sq of 64 (4 at 32/8 heads), and persistent CTAs load them once per part.
-        ``staged``: None (rows from Q), or ``(qn_s, q_full, q_empty, taken)`` with ``q_stage``:
-        rows from the producer's stage, released once read."""
+        (Tried and measured slower, then removed: the producer staging each part's Q rows in
+        shared memory a part ahead, the consumers taking them from there; H100, B=128 2k
+        224.4 -> 229.8 us, B=64 4k 213.4 -> 217.9, the large cases equal: NOTES, seventeenth
+        session.)"""
         T.sync_threads(CONSUMER_SYNC + wg, 128)
         if ct < BLOCK_M:
             tok_s[wg * BLOCK_M + ct] = (tile.r0 + ct) // tile.group
-        if staged is not None:
-            T.barrier_wait(staged[1][0], staged[3] & 1)
         for it in T.unroll(q_pieces):
             r, c0 = q_piece(it, ct)
             if tile.r0 + r < tile.rows:
-                if staged is None:
-                    j = T.alloc_var(T.int32, init=tile.r0 + r)
-                    qrow = T.alloc_var(T.int32, init=q_row(tile, j, H, Sq))
-                    for e in T.vectorized(8):
-                        q_s[wg * BLOCK_M + r, c0 + e] = T.cast(Q[qrow, c0 + e], wide)
-                else:
-                    for e in T.vectorized(8):
-                        q_s[wg * BLOCK_M + r, c0 + e] = T.cast(staged[0][r, c0 + e], wide)
-        if staged is not None:
-            T.barrier_arrive(staged[2][0])
+                j = T.alloc_var(T.int32, init=tile.r0 + r)
+                qrow = T.alloc_var(T.int32, init=q_row(tile, j, H, Sq))
+                for e in T.vectorized(8):
+                    q_s[wg * BLOCK_M + r, c0 + e] = T.cast(Q[qrow, c0 + e], wide)
         T.fence_proxy_async()  # generic-proxy stores, read by the WGMMAs (async proxy)
         T.sync_threads(CONSUMER_SYNC + wg, 128)
 
@@ -479,10 +444,6 @@ def decode_ws_kernel(
             # (FP8) or its GEMMs have read it (a 16-bit cache).
             full = T.alloc_barrier(arrive_count=[128] * num_stages)
             empty = T.alloc_barrier(arrive_count=[128] * num_stages)
-            qn_s, q_bars = None, None
-            if q_stage:  # the next part's real Q rows (producer), read by every consumer
-                qn_s = T.alloc_shared([BLOCK_M, dim], dtype)
-                q_bars = (T.alloc_barrier(arrive_count=[128]), T.alloc_barrier(arrive_count=[consumer_threads]))
 
             tx = T.get_thread_binding()
             wg = T.alloc_var(T.int32, init=T.min(tx // 128, consumers))  # consumers: the producer
@@ -492,12 +453,10 @@ def decode_ws_kernel(
             if tx >= consumer_threads:  # producer (a condition on the thread index: TileLang lays the fragments out over the consumers)
                 T.set_max_nreg(producer_regs, 0)
                 produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx - consumer_threads, page_size,
-                        page_shift, Q, qn_s, q_bars, H, Sq)
+                        page_shift)
             else:  # consumer warpgroups: every C-th block of each part, from the wg-th
                 T.set_max_nreg(consumer_regs, 1)
                 done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
-                if q_stage:
-                    taken = T.alloc_var(T.int32, init=0)  # live parts whose staged queries were taken
                 clear_my_queries(q_s, wg, tx % 128)
                 for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part)
@@ -505,10 +464,7 @@ def decode_ws_kernel(
                         # The output descale now, so its load's round trip overlaps the part
                         # rather than delaying the store (persistent CTAs: one per part).
                         out_scale = T.alloc_var(T.float32, init=VDescale[tile.b, tile.hk] if widen else 1.0)
-                        load_my_queries(Q, q_s, tok_s, tile, wg, tx % 128, H, Sq,
-                                        (qn_s, *q_bars, taken) if q_stage else None)
-                        if q_stage:
-                            taken += 1
+                        load_my_queries(Q, q_s, tok_s, tile, wg, tx % 128, H, Sq)
                         T.clear(o)
                         T.clear(l)
                         T.fill(m, neg_inf)
