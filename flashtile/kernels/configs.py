@@ -168,14 +168,14 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     if short and widest <= 64:
         return fwd_config(128, 128, dtype, kind)  # the persistent 128-row pairs (``short_forward``)
     if short:  # d = 256 (``short_forward``): the long row's schedule with 64-key blocks
-        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
+        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True)
     if widest <= 64:
         # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short
         # d=64 GEMMs), hand-written with pingpong turns.  H100 (h100-2026-11-22/fwd-pingpong):
         # 4k 1.24 ms against 1.31 for the auto-pipelined 192x128 and 1.28 without pingpong,
         # 16k -4%, GQA 4:1 4k -5% (causal -4%); 128 rows is 7-15% slower except at 1k causal.
         # One tile per CTA: the persistent walk spills here (160 registers a thread), 6-10% slower.
-        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True, skip_rescale=True)
+        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if widest <= 128:
         # Hand-written (softmax overlapped with the GEMMs), pingpong turns, persistent: one CTA
         # per SM walks pairs of query tiles, each tile's last P V and epilogue under the next
@@ -188,7 +188,10 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     # against 0.84/0.85x with 64 keys.  Hand-written with pingpong turns, one tile per CTA (Q,
     # two K/V stages and the output fill shared memory, so no second Q buffer for the persistent
     # walk).  H100 d=256 (h100-2026-11-22/fwd-d256): 1-4% faster than the auto-pipelined kernel
-    # at every seqlen 1k-16k, causal or not (before pingpong it measured -5% at 16k).
+    # at every seqlen 1k-16k, causal or not (before pingpong it measured -5% at 16k).  O *= alpha
+    # skipped in warps whose max did not move (``fwd_ws.rescaler``; 128 accumulator values a
+    # thread against 40 scores): H100 (h100-2026-11-28c/c3) -1 to -4% at 4k/16k, where d=64's
+    # and the FP8 rows' timings were mixed or slower, so they multiply every block.
     return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
 
 
@@ -199,11 +202,11 @@ def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False) -> FwdConfig:
     takes 80."""
     widest = max(dim, dim_v)
     if widest <= 64:
-        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True, skip_rescale=True)
+        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if widest <= 128:
         return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
                          tiles_per_cta=1 if varlen else 0)
-    return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
+    return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
 
 
 def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap: bool = False,
