@@ -167,8 +167,8 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     widest = max(dim, dim_v)
     if short and widest <= 64:
         return fwd_config(128, 128, dtype, kind)  # the persistent 128-row pairs (``short_forward``)
-    if short:  # d = 256 (``short_forward``): the long row's schedule with 64-key blocks
-        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True)
+    if short:  # d = 256 (``short_forward``): the long row's schedule (its rescale skip too) with 64-key blocks
+        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
     if widest <= 64:
         # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short
         # d=64 GEMMs), hand-written with pingpong turns.  H100 (h100-2026-11-22/fwd-pingpong):
