@@ -84,17 +84,20 @@ def rescaler(block_m: int, dim_v: int, skip: bool):
     of a warp moves in ~2/3 of the blocks of a 16k row and ~1/3 at 4k."""
 
     @T.macro
+    def multiply(o, alpha):
+        for r, c in T.Parallel(block_m, dim_v):
+            o[r, c] *= alpha[r]
+
+    @T.macro
     def rescale(o, alpha):
         if skip:
-            moved = T.alloc_var(T.int32, init=0)
+            moved = T.alloc_var(T.int32, init=0)  # does any of this thread's rows need it?
             for i in T.Parallel(block_m):
                 moved = moved | T.Cast(T.int32, alpha[i] != 1.0)
             if T.call_extern(T.int32, "__any_sync", T.uint32(0xFFFFFFFF), moved) != 0:
-                for r, c in T.Parallel(block_m, dim_v):
-                    o[r, c] *= alpha[r]
+                multiply(o, alpha)
         else:
-            for r, c in T.Parallel(block_m, dim_v):
-                o[r, c] *= alpha[r]
+            multiply(o, alpha)
 
     return rescale
 
