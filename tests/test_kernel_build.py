@@ -32,7 +32,12 @@ def test_forward_builds(dim, dim_v, dtype):
 
     dt = dtype
     kernel = get_forward_kernel(dim, dim_v, dt, has_sinks=False, has_softcap=False)
-    _assert_hopper(kernel.get_kernel_source(), f"fwd d={dim}/{dim_v} {dt}")
+    src = kernel.get_kernel_source()
+    _assert_hopper(src, f"fwd d={dim}/{dim_v} {dt}")
+    # The O-rescale skip (a warp vote around O *= alpha, ``fwd_ws.rescaler``) where the table
+    # says so, and only there.
+    skip = configs.fwd_config(dim, dim_v, dt, "full").skip_rescale
+    assert ("__any_sync" in src) == skip, f"fwd d={dim}/{dim_v} {dt}: configs says skip_rescale={skip}, the kernel disagrees"
 
 
 @pytest.mark.parametrize("dim,dim_v,dtype", STRUCTURES, ids=lambda x: str(x))
@@ -208,3 +213,4 @@ def test_fp8_forward_builds(dim, dim_v, varlen, sinks, softcap, out_dtype):
     assert "wgmma_rs" in src and "wgmma_ss" in src, f"{what}: P V should read P from registers (wgmma_rs)"
     assert "fp8_e4_t" in src and "__nv_cvt_float2_to_fp8x2" in src and "__NV_SATFINITE" in src, f"{what}: P conversion"
     assert "__shfl" not in src, f"{what}: the S -> P permutation should not move data between threads"
+    assert "__any_sync" not in src, f"{what}: the FP8 rows rescale O every block (the skip measured slower, NOTES)"
