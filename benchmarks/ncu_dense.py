@@ -1,12 +1,15 @@
 """One dense forward or backward each of flashtile and cuDNN SDPA, for a profiler (developer tool).
 
     ncu --profile-from-start off --kernel-name regex:'main|sdpa|fmha|attn|bprop' --set full \\
-        python3 benchmarks/ncu_dense.py [--backward] [--causal] [--headdim 64] [--seqlen 4096]
+        python3 benchmarks/ncu_dense.py [--backward] [--causal] [--headdim 64] [--seqlen 4096] [--fp8]
 
 Everything runs once unprofiled (compile, load, warm-up), then once between
 cudaProfilerStart/Stop, flashtile first, so the report lists exactly those launches (the
 backward: flashtile's preprocess, dK/dV and dQ-convert kernels, then cuDNN's).  bf16,
-nheads x headdim = 2048, batch x seqlen = 16384 tokens.
+nheads x headdim = 2048, batch x seqlen = 16384 tokens.  ``--fp8``: flashtile's FP8 forward
+(q, k, v quantized outside the profiled range; the report then also lists its V^T pre-pass)
+against the same bf16 cuDNN call, for the issue-slot and pipe view of the FP8 consumers
+(NOTES, seventeenth session: what to look at next).
 """
 
 import argparse
@@ -22,15 +25,24 @@ ap.add_argument("--backward", action="store_true")
 ap.add_argument("--causal", action="store_true")
 ap.add_argument("--headdim", type=int, default=128)
 ap.add_argument("--seqlen", type=int, default=4096)
+ap.add_argument("--fp8", action="store_true", help="flashtile's FP8 forward (float8_e4m3fn q, k, v)")
 args = ap.parse_args()
+assert not (args.fp8 and args.backward), "the FP8 forward has no backward"
 d, s = args.headdim, args.seqlen
 b, h = max(1, 16384 // s), 2048 // d
 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=args.backward) for _ in range(3))
 qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(args.backward) for x in (q, k, v))
 dout = torch.randn_like(q)
+if args.fp8:
+    import flashtile.fp8
+
+    q8, k8, v8, qd, kd, vd = flashtile.fp8.quantize_qkv(q, k, v)
 
 
 def flashtile_call():
+    if args.fp8:
+        flashtile.flash_attn_func(q8, k8, v8, causal=args.causal, q_descale=qd, k_descale=kd, v_descale=vd)
+        return
     out = flashtile.flash_attn_func(q, k, v, causal=args.causal)
     if args.backward:
         out.backward(dout)
