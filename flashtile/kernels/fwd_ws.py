@@ -13,6 +13,11 @@ block t >= 1 (``block_steps``):
     [pass turn]  wait for S_t, release K_t; online softmax of S_t   <- under the P V GEMM
                  wait for P V, release V_{t-1}; P = cast(S_t); O *= alpha_t
 
+(``O *= alpha_t`` only in warps where a row's max moved with ``skip_rescale``.)  The softmax
+runs under the P V GEMM in the source and the PTX only: ptxas (CUDA 13.0) moves the second
+wait up to just after the row max, in every forward (NOTES, seventeenth session, found in
+SASS with ``benchmarks/sass_mix.py``), so in practice the overlap is the pingpong turns'.
+
 With ``pingpong`` the turns (``gemm_turns``) make the warpgroups issue their GEMMs one after
 the other, so one warpgroup's softmax runs under the others' GEMMs.  Without it, O is
 rescaled by alpha_{t-1} between the two issues instead, under S_t.
