@@ -125,10 +125,6 @@ GRID = [
     C(batch=5, length=2049, sq=1, h=8, hkv=1, causal=False, window=(700, 0), page=256, fp8=True),
     # TMA in 16-row boxes on a page size that is a multiple of 16 but not a power of two
     C(batch=2, length=3000, page=48, h=32, hkv=8, fp8=True),
-    # CTA shares (decode.worker_count): 96 segments on 132 CTAs (fractional, two parts each),
-    # and 160 short segments on one persistent CTA per SM (1-3 parts each)
-    C(batch=12, length=3000, h=32, hkv=8, fp8=True),
-    C(batch=40, length=1000, h=16, hkv=4, page=16, fp8=True),
 ]
 
 
@@ -254,8 +250,9 @@ def test_kernel_matches_reference(c: C):
 
 
 # Splits merged several query rows per combine CTA (``decode.rows_per_cta`` > 1: few splits a
-# row, after the FP8 decode): FP8 caches of 96 and 160 segments (fractional CTA shares) and
-# 280 short ones (persistent CTAs).
+# row, after the FP8 decode), which are also the CTA-share cases (``decode.worker_count``): 96
+# segments on 132 CTAs (fractional, two parts each), 160 and 280 short segments on one
+# persistent CTA per SM (several parts each).
 SEVERAL_ROW_CASES = [
     C(batch=12, length=3000, h=32, hkv=8, fp8=True),
     C(batch=40, length=1000, h=16, hkv=4, page=16, fp8=True),

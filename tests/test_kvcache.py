@@ -492,9 +492,9 @@ def test_combine_rows_per_cta_merges_every_split_once(dim_v, splits, per_round):
     """``decode.rows_per_cta``: R divides the CTA's chunk groups, and the groups each row gets
     (``groups / R``, split ``s`` to group ``s % per_row`` in round ``s // (per_row x 8)``)
     take each of its splits exactly once, in one round whenever R > 1."""
-    from flashtile.kernels.decode import rows_per_cta
+    from flashtile.kernels.decode import combine_groups, rows_per_cta
 
-    groups = 128 // (dim_v // 4)
+    groups = combine_groups(dim_v)
     r = rows_per_cta(dim_v, splits, per_round=per_round)
     assert groups % r == 0, (groups, r)
     per_row = groups // r

@@ -190,4 +190,3 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
                     LSE[lrow] = T.if_then_else(l_t > 0, T.log2(l_t) * LN2 + m_safe, neg_inf)
 
     return main
-

@@ -51,7 +51,7 @@ import tilelang
 import tilelang.language as T
 
 from .decode import BLOCK_M, GroupRows, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
-from .decode import part_count as shared_part_count, part_tile as shared_part_tile
+from .decode import part_count, part_tile as shared_part_tile
 from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
 
@@ -191,10 +191,6 @@ def decode_ws_kernel(
     def key_block(tile, w, i):
         """Consumer ``w``'s ``i``-th key block of the part."""
         return tile.kb_first + w + consumers * i
-
-    def part_count(args):
-        """How many parts each CTA loops over (``decode.part_count``)."""
-        return shared_part_count(args)
 
     def part_tile(args, part):
         """(SplitTile, live) of CTA ``c``'s part ``part`` (``decode.part_tile``); its consumers'
