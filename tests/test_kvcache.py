@@ -440,6 +440,40 @@ def test_ws_schedule_fits_one_cta_per_sm(d, dv, cache):
     assert cfg["consumers"] == (3 if item == 1 and cfg["block_n"] == 64 else 2), cfg
 
 
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (64, 128), (128, 64)])
+def test_warp_mma_schedule_fits_one_cta_per_sm(d, dv):
+    """The FP8 cache's mma.sync consumers (``warp_mma``): 64-key blocks (four warps of 16 keys),
+    whole ring stages per consumer, the ring and the merge buffers within 227 KB."""
+    from flashtile.kernels.decode_ws import smem_bytes, ws_config
+    from flashtile.kernels.warp_mma import BLOCK_N
+
+    cfg = ws_config(d, dv, 1, warp_mma=True)
+    assert cfg["warp_mma"] and cfg["block_n"] == BLOCK_N == 64, cfg
+    assert smem_bytes(d, dv, 64, cfg["num_stages"], 1, cfg["consumers"], True) <= 227 * 1024 - 2048, cfg
+    assert cfg["num_stages"] % cfg["consumers"] == 0, cfg
+
+
+@pytest.mark.parametrize("d,dv,h,hkv,sq,mma", [
+    (128, 128, 32, 8, 1, True), (128, 128, 32, 8, 4, True),  # 4 and 16 rows per kv head
+    (128, 128, 32, 8, 5, False), (128, 128, 8, 1, 4, False),  # 20 and 32 rows
+    (64, 64, 8, 8, 16, True), (192, 128, 32, 8, 1, False), (256, 256, 32, 8, 1, False),  # head dims
+])
+def test_fp8_cache_schedule_by_rows_and_head_dims(d, dv, h, hkv, sq, mma):
+    """An FP8 cache's consumers run warp-level mma.sync when a kv head's query rows (group x Sq)
+    fit one 16-row fragment and the head dims are 64 or 128, else widen into 64-row WGMMA
+    tiles; a 16-bit cache keeps ``decode_kernel``; the developer switch turns ``warp_mma`` off."""
+    from flashtile.kernels import decode as dm
+
+    sched = dm.decode_schedule(d, dv, "bfloat16", "float8_e4m3fn", (h // hkv) * sq)
+    assert sched.cfg.get("warp_mma", False) == mma, sched.cfg
+    assert dm.decode_schedule(d, dv, "bfloat16", None, (h // hkv) * sq).kernel is dm.decode_kernel
+    try:
+        dm.CFG_OVERRIDE = {"warp_mma": 0}
+        assert not dm.decode_schedule(d, dv, "bfloat16", "float8_e4m3fn", (h // hkv) * sq).cfg.get("warp_mma")
+    finally:
+        dm.CFG_OVERRIDE = None
+
+
 def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
     from flashtile.kernels.decode import MAX_SPLITS, decode_kernel, decode_schedule, split_count, worker_count
     from flashtile.kernels.decode_ws import decode_ws_kernel

@@ -522,6 +522,7 @@ WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
 CFG_OVERRIDE: dict | None = None
 FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
 PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks stream back to back
+WARP_MMA_ROWS = 16  # FP8 caches: a kv head's query rows (group x Sq) up to this take ``warp_mma`` consumers
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
@@ -587,14 +588,17 @@ class Schedule(NamedTuple):
     combines: tuple
 
 
-def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None) -> Schedule:
+def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None, rows: int = 1) -> Schedule:
     """``decode_kernel`` for a cache in q's dtype; ``decode_ws.decode_ws_kernel``
-    (warp-specialised: a producer and two consumer warpgroups, one CTA per SM) for an FP8
-    cache.  Both take the same kernel arguments.  On every call's host path: memoised."""
+    (warp-specialised: a producer and two or three consumer warpgroups, one CTA per SM) for an
+    FP8 cache, its consumers on warp-level mma.sync (``warp_mma``) when a kv head's query rows
+    (``rows`` = group x Sq) fit one 16-row fragment and the head dims are 64 or 128.  All take
+    the same kernel arguments.  On every call's host path: memoised."""
     if cache_dtype == dtype:
         cache_dtype = None
     # The developer switches are part of the key (the bench and the sweep set them between calls).
-    return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())))
+    return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())),
+                     rows <= WARP_MMA_ROWS)
 
 
 class CombineBuild(NamedTuple):
@@ -644,7 +648,7 @@ def rows_per_cta(dim_v: int, max_splits: int, per_round: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override) -> Schedule:
+def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool = True) -> Schedule:
     override = dict(override)
     forced = override.pop("combine_round", 0)  # developer switch: one combine, this round, rows per call
     if cache_dtype is None and not ws_16bit:
@@ -652,22 +656,27 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override) -> Schedule:
         cfg = {**decode_config(dim, dim_v), **override}
         return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1, combines)
     from .decode_ws import decode_ws_kernel, ws_config
+    from .warp_mma import supports
 
     cache_dtype = cache_dtype or dtype
+    fp8 = "float8" in cache_dtype
+    # developer switch ``warp_mma`` (0: the widening consumers for every FP8 cache)
+    warp_mma = bool(override.pop("warp_mma", 1)) and fp8 and few_rows and supports(dim, dim_v)
     combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode_ws"]
-    cfg = {**ws_config(dim, dim_v, 1 if "float8" in cache_dtype else 2, override.get("consumers", 0)),
+    cfg = {**ws_config(dim, dim_v, 1 if fp8 else 2, override.get("consumers", 0), warp_mma),
            "cache_dtype": cache_dtype, **override}
     return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"], combines)
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
-                       cache_dtype: str | None = None, sched: Schedule | None = None):
+                       cache_dtype: str | None = None, sched: Schedule | None = None, rows: int = 1):
     """(decode, combine, ...) compiled for one static structure (``cache_dtype``: None, or
-    ``"float8_e4m3fn"`` for an FP8 cache; ``sched``: its ``decode_schedule`` when the caller
-    has it): the decode kernel, then one combine kernel per ``sched.combines``."""
+    ``"float8_e4m3fn"`` for an FP8 cache; ``rows``: a kv head's query rows, which pick the FP8
+    schedule; ``sched``: its ``decode_schedule`` when the caller has it): the decode kernel,
+    then one combine kernel per ``sched.combines``."""
     from . import cache
 
-    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype)
+    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype, rows)
     decode = cache.get(sched.kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
                        has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
@@ -735,7 +744,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     fp8 = k_cache.dtype != q.dtype
     dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
-    sched = decode_schedule(d, dv, dtype, cache_dtype)
+    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq)
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),
                                        lambda: (sched, *get_decode_kernels(*structure, sched)))

@@ -49,11 +49,13 @@ two consumers (other head dims): two Q copies, 4 raw stages, two fp16 tiles.
 
 import tilelang
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 from .decode import BLOCK_M, GroupRows, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
 from .decode import part_count, part_tile as shared_part_tile
 from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
+from . import warp_mma as wm
 
 FULL_ROW = T.GemmWarpPolicy.FullRow
 WIDE = "float16"  # the WGMMAs' operand type over an FP8 cache (see the module docstring)
@@ -70,7 +72,7 @@ SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on Hopper
 REGS = {2: (64, 208), 3: (32, 160)}  # consumers -> (producer, consumer) registers
 
 
-def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0) -> dict:
+def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0, warp_mma: bool = False) -> dict:
     """Tiles for one head-dim pair: 64-key blocks at d = 128 (128 at d <= 64, 32 above 128, so
     a block's FP8 K+V is 16 KB at d = dim_v); ``consumers`` warpgroups (0: three for an FP8
     cache with 64-key blocks, else two), each owning ``num_stages / consumers`` raw stages: two
@@ -89,20 +91,28 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0)
     160-register share, and 32-key blocks (d > 128) were not measured."""
     width = max(dim, dim_v)
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
+    if warp_mma:
+        block_n = wm.BLOCK_N
     three = cache_itemsize == 1 and block_n == 64
     for c in [consumers] if consumers else [3, 2] if three else [CONSUMERS]:
         for num_stages in (2 * c, c):
-            if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c) <= SMEM_LIMIT - 2048:
+            if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c, warp_mma) <= SMEM_LIMIT - 2048:
                 cfg = {"block_n": block_n, "num_stages": num_stages, "consumers": c}
+                if warp_mma:
+                    cfg["warp_mma"] = True
                 return {**cfg, "tma_box": TMA_BOX} if cache_itemsize == 1 else cfg
     raise ValueError(f"no decode_ws tiles fit for head dims {dim}/{dim_v}")
 
 
 def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, cache_itemsize: int = 1,
-               consumers: int = CONSUMERS) -> int:
+               consumers: int = CONSUMERS, warp_mma: bool = False) -> int:
     """Shared memory of one CTA: the 16-bit Q tile (once per consumer), the ring of K/V
     stages in the cache's element size, one widened fp16 K/V tile per consumer when the cache is
-    FP8, row tables."""
+    FP8, row tables; with ``warp_mma`` the ring and each consumer's merge buffer (Q and the
+    widened K/V live in registers)."""
+    if warp_mma:
+        merge = consumers * wm.WARPS * wm.MAX_ROWS * (dim_v + 2) * 4
+        return num_stages * block_n * (dim + dim_v) * cache_itemsize + merge
     widened = consumers * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
     return (consumers * BLOCK_M * dim * 2 + num_stages * block_n * (dim + dim_v) * cache_itemsize + widened
             + 4 * consumers * BLOCK_M * 4)
@@ -137,6 +147,7 @@ def decode_ws_kernel(
     cache_dtype: str = "float8_e4m3fn",
     tma_box: int = 0,
     consumers: int = CONSUMERS,
+    warp_mma: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -168,6 +179,7 @@ def decode_ws_kernel(
     assert num_stages % consumers == 0, "each consumer owns num_stages / consumers ring stages (``stage``)"
     box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
     assert block_n % box == 0 and consumers in REGS
+    assert not warp_mma or (widen and block_n == wm.BLOCK_N and wm.supports(dim, dim_v))
     acc = T.float32
     producer_regs, consumer_regs = REGS[consumers]
     rows = consumers * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
@@ -177,6 +189,8 @@ def decode_ws_kernel(
     k_copies, v_copies = dim // per_copy, dim_v // per_copy  # 16-byte copies per row
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
+    if warp_mma:
+        wm_state, wm_queries, wm_step, wm_merge = wm.warp_mma_macros(dim, dim_v, dtype, has_softcap, consumers)
     _, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
 
     def consumer_blocks(tile, w):
@@ -426,15 +440,24 @@ def decode_ws_kernel(
                cap_in, left, right, num_splits, page_size, page_shift, Sq):
         H, Hkv = Sinks.shape[0], K.shape[1]
         with T.Kernel(num_splits, threads=consumer_threads + 128) as c:
-            q_s = T.alloc_shared([rows, dim], wide)
-            k_ring = T.alloc_shared([num_stages, block_n, dim], cache_dtype)
-            v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
-            # The consumers' K/V tiles: one widened fp16 tile per consumer, or the ring itself.
-            k_s = T.alloc_shared([consumers, block_n, dim], WIDE) if widen else k_ring
-            v_s = T.alloc_shared([consumers, block_n, dim_v], WIDE) if widen else v_ring
-            rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
-            tok_s, head_s, _ = row_tables(rows)  # tok_s: the mask's rows (head_s: sinks, read by the direct store only)
-            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
+            if warp_mma:
+                T.import_source(wm.CVT_SOURCE)
+                k_ring = T.alloc_shared([num_stages, block_n, dim], cache_dtype)
+                v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
+                # 16-byte loads of 8 key rows at one column (``warp_mma``) stay off each other's banks.
+                T.annotate_layout({k_ring: make_swizzled_layout(k_ring), v_ring: make_swizzled_layout(v_ring)})
+                rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
+                regs = wm_state()
+            else:
+                q_s = T.alloc_shared([rows, dim], wide)
+                k_ring = T.alloc_shared([num_stages, block_n, dim], cache_dtype)
+                v_ring = T.alloc_shared([num_stages, block_n, dim_v], cache_dtype)
+                # The consumers' K/V tiles: one widened fp16 tile per consumer, or the ring itself.
+                k_s = T.alloc_shared([consumers, block_n, dim], WIDE) if widen else k_ring
+                v_s = T.alloc_shared([consumers, block_n, dim_v], WIDE) if widen else v_ring
+                rows_s = T.alloc_shared([2, block_n], T.int32)  # cache rows of the next blocks' keys (producer)
+                tok_s, head_s, _ = row_tables(rows)  # tok_s: the mask's rows (head_s: sinks, read by the direct store only)
+                s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
             # Ring stage ``stage(w, i)`` holds consumer w's block i: full after the producer's
             # 128 arrivals (and its TMA bytes), empty once the block's consumer has widened it
             # (FP8) or its GEMMs have read it (a 16-bit cache).
@@ -450,6 +473,22 @@ def decode_ws_kernel(
                 T.set_max_nreg(producer_regs, 0)
                 produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx - consumer_threads, page_size,
                         page_shift)
+            elif warp_mma:  # consumer warpgroups of four mma.sync warps (``warp_mma``)
+                T.set_max_nreg(consumer_regs, 1)
+                done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
+                for part in T.serial(part_count(parts)):
+                    tile, live = part_tile(parts, part)
+                    if live:
+                        out_scale = T.alloc_var(T.float32, init=VDescale[tile.b, tile.hk])
+                        wm_queries(Q, regs, tile, tx % 128, H, Sq)
+                        two_halves = T.alloc_var(T.int32, init=tile.rows - tile.r0 > 8)
+                        mine = T.alloc_var(T.int32, init=consumer_blocks(tile, wg))
+                        for i in T.serial(mine):
+                            st = T.alloc_var(T.int32, init=stage(wg, done + i))
+                            T.barrier_wait(full[st], phase(done + i))
+                            wm_step(regs, k_ring, v_ring, empty, tile, st, key_block(tile, wg, i), tx % 128, two_halves)
+                        wm_merge(regs, Opart, LSEpart, tile, wg, tx % 128, out_scale, CONSUMER_SYNC + wg)
+                        done += mine
             else:  # consumer warpgroups: every C-th block of each part, from the wg-th
                 T.set_max_nreg(consumer_regs, 1)
                 done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)

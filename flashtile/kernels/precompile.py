@@ -63,6 +63,8 @@ def build(p: str, kwargs: dict) -> str:
         from .append import get_append_kernels
 
         get_decode_kernels(**kwargs)
+        if kwargs.get("cache_dtype"):  # FP8: both schedules (``decode_schedule``'s rows)
+            get_decode_kernels(**kwargs, rows=1 << 30)
         get_append_kernels(kwargs["dim"], kwargs["dim_v"], kwargs["dtype"], kwargs.get("cache_dtype"))
     elif "fwd8" in p:  # the FP8 forward and its V^T pre-pass
         from .transpose_v import get_kernel

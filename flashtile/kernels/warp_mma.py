@@ -1,0 +1,270 @@
+"""The FP8-cache decode's consumer step on warp-level ``mma.sync``, no widened tiles (Hopper).
+
+``decode_ws``'s consumer warpgroups otherwise widen each raw FP8 key block into an fp16 tile in
+shared memory and run 64-row WGMMAs over it, although a GQA decode tile holds only
+``group x Sq`` real query rows (4 at 32 / 8 heads).  That step, not HBM, set the FP8 cache's
+pace (H100 88% of the bandwidth, H200 65%: NOTES, seventeenth session).  Here each warp of a
+consumer warpgroup takes 16 keys of the block and works from registers:
+
+- the tile's first 16 query rows live in registers as ``m16n8k16`` A fragments (fp16),
+  loaded once per part, so at most 16 rows (``MAX_ROWS``; the launcher sends larger groups to
+  the widening consumers);
+- S = Q K^T as 2 x ``dim / 16`` mma.sync: the warp's 16 K rows are the B operand (key ``g`` of
+  n-tile j is row ``8 j + g``), read straight from the raw stage and widened in registers
+  (``cvt`` e4m3x2 -> half2, exact).  The k-dimension is permuted: lane ``t`` of a quad owns
+  features ``t dim/4 .. t dim/4 + dim/4 - 1``, chunk ``kc`` taking four of them, so a lane's
+  K bytes are contiguous (16-byte loads) and Q's A fragments use the same order;
+- the online softmax of its 16 keys on the C fragment (rows ``g``, ``g + 8``; row maxima
+  over the quad's lanes, sums kept per lane and reduced once per part);
+- O += P V as ``dim_v / 8`` mma.sync: P's A fragments are S's C fragments, cast (FA2's
+  register reuse); V's B fragments take two keys per register, so lane ``(g, t)`` reads keys
+  ``2t, 2t + 1, 2t + 8, 2t + 9`` of the slice at features ``g dim_v/8 .. (g + 1) dim_v/8 - 1``
+  (the output's feature order is permuted the same way and restored when stored) and
+  interleaves their bytes before widening;
+- the raw stages carry a 128-byte swizzle (TMA's, and the by-row copies' through TileLang's
+  layout), so those 16-byte loads of 8 rows at one column do not hit the same banks.
+
+Each warp keeps its own running max, sums and output; at the end of a part the four warps
+merge through shared memory (``merge_store``) into the consumer's fp32 partial, as the
+widening consumers write it.  Per 64-key block a warp issues 32 ``HMMA.16816`` instead of a
+warpgroup's twelve 64-row WGMMAs (16x the useful rows at GQA 4), and no shared-memory stores.
+"""
+
+import tilelang.language as T
+
+from .decode import BLOCK_M, WARP_MMA_ROWS as MAX_ROWS
+from .masks import block_fully_visible, visible
+from .softmax import LN2
+
+assert MAX_ROWS == 16  # query rows of a tile the warp fragments hold: one m16 tile
+WARPS = 4  # warps of a consumer warpgroup, each taking a quarter of every key block
+SLICE = 16  # keys per warp per block: BLOCK_N = WARPS x SLICE
+BLOCK_N = WARPS * SLICE
+HALF = "float16"
+CVT = "flashtile_e4m3x2_to_half2"  # ``CVT_SOURCE``: two e4m3 bytes (low half of a word) -> half2, exact
+CVT_SOURCE = r"""
+__device__ __forceinline__ unsigned flashtile_e4m3x2_to_half2(unsigned w) {
+  unsigned h;
+  unsigned short lo = (unsigned short)(w & 0xffffu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(lo));
+  return h;
+}
+"""
+
+
+def unrolled(n: int) -> list:
+    """Indices of a loop unrolled in Python (compile-time register indices; TileLang turns
+    ``range`` into a TIR loop)."""
+    return list(range(n))
+
+
+def supports(dim: int, dim_v: int) -> bool:
+    """Head dims the warp fragments take: 16-byte K pieces per lane (``dim / 4`` a multiple
+    of 16) and at most 128 (registers: O alone is ``dim_v / 2`` per lane)."""
+    return dim in (64, 128) and dim_v in (64, 128)
+
+
+def mma(a, a_off, b, b_off, c, c_off):
+    """``c[c_off:+4] += A (16 x 16) B (16 x 8)``, fp16 operands, fp32 accumulation."""
+    return T.ptx_mma(T.float32, "m16n8k16", "row", "col", "fp16", "fp16", "fp32", a.data, a_off, b.data, b_off,
+                     c.data, c_off, T.bool(False))
+
+
+def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consumers: int):
+    """(state, load_queries, step, merge_store) macros of one consumer thread.
+
+    ``state()`` allocates the thread's registers and the merge buffer; ``load_queries`` fills
+    Q's fragments for a part and resets the running statistics; ``step`` runs one key block
+    from raw stage ``st`` (releasing the stage once its bytes are in registers);
+    ``merge_store`` merges the consumer's four warps and writes its partial."""
+    acc = T.float32
+    neg_inf = -T.infinity(acc)
+    kc_n = dim // 16  # k-chunks of Q K^T
+    qw = dim // 4  # Q/K features per lane (contiguous; chunk kc takes 4 of them)
+    fn_n = dim_v // 8  # n-tiles of P V
+
+    def v_reg(h, c):
+        """Index in ``vraw`` of ldmatrix register (h, c): call c // 2, matrix 2 (c % 2) + h."""
+        return c // 2 * 4 + c % 2 * 2 + h
+
+    def v_feature(fn, n):
+        """V feature (and output column) of column ``n`` of P V's n-tile ``fn``."""
+        return 16 * (fn // 2) + 2 * n + fn % 2
+
+    class State:
+        """One consumer thread's registers (``T.alloc_local``) and its warpgroup's merge buffer."""
+
+        def __init__(self):
+            self.qa = T.alloc_local([kc_n * 8], HALF)  # Q A fragments, 8 halves per k-chunk
+            self.o = T.alloc_local([fn_n * 4], acc)  # O C fragments (rows g, g + 8)
+            self.m = T.alloc_local([2], acc)  # running max, rows g and g + 8 (raw scores)
+            self.l = T.alloc_local([2], acc)  # this lane's share of the running sums
+            self.tok = T.alloc_local([2], T.int32)  # query token of rows g and g + 8
+            self.s = T.alloc_local([8], acc)  # S C fragments of the slice's two n-tiles
+            self.kraw = T.alloc_local([2 * qw], "float8_e4m3fn")
+            self.kb = T.alloc_local([2 * qw], HALF)
+            self.vraw = T.alloc_local([dim_v // 8], T.uint32)  # ldmatrix.trans: reg (h, c), ``v_reg``
+            self.vb = T.alloc_local([fn_n * 2], T.uint32)  # V B fragments, two half2 per n-tile
+            self.pa = T.alloc_local([8], HALF)
+            self.alpha = T.alloc_local([2], acc)
+            self.msafe = T.alloc_local([2], acc)
+            self.mx = T.alloc_local([2], acc)
+            # Merge buffer: per consumer, per warp, 16 rows of O (fp32), then m and l per row.
+            self.mo = T.alloc_shared([consumers, WARPS, MAX_ROWS, dim_v], acc)
+            self.ml = T.alloc_shared([consumers, WARPS, 2, MAX_ROWS], acc)
+
+    def lane(ct):
+        """(warp, g, t) of consumer thread ``ct`` (0 .. 127) as registers."""
+        w = T.alloc_var(T.int32, init=ct // 32)
+        g = T.alloc_var(T.int32, init=ct % 32 // 4)
+        t = T.alloc_var(T.int32, init=ct % 4)
+        return w, g, t
+
+    @T.macro
+    def load_queries(Q, st_, tile, ct, H, Sq):
+        """Rows g and g + 8 of the tile (``tile.r0 + row`` among the kv head's rows; past the
+        real rows: 0) into Q's A fragments in the permuted feature order; statistics reset."""
+        _, g, t = lane(ct)
+        qraw = T.alloc_local([qw], dtype)
+        for hr in unrolled(2):
+            j = T.alloc_var(T.int32, init=tile.r0 + g + 8 * hr)
+            st_.tok[hr] = j // tile.group
+            if j < tile.rows:
+                qrow = T.alloc_var(T.int32, init=(tile.b * Sq + j // tile.group) * H + tile.hk * tile.group
+                                   + j % tile.group)
+                for v in unrolled(qw // 8):
+                    for e in T.vectorized(8):
+                        qraw[v * 8 + e] = Q[qrow, t * qw + v * 8 + e]
+            else:
+                for e in unrolled(qw):
+                    qraw[e] = T.cast(0, dtype)
+            for kc in unrolled(kc_n):
+                for e in unrolled(4):
+                    st_.qa[kc * 8 + e // 2 * 4 + hr * 2 + e % 2] = T.cast(qraw[kc * 4 + e], HALF)
+            st_.m[hr] = neg_inf
+            st_.l[hr] = 0.0
+        for e in unrolled(fn_n * 4):
+            st_.o[e] = 0.0
+
+    @T.macro
+    def step(st_, k_ring, v_ring, empty, tile, st, kb, ct, two_halves):
+        """Key block ``kb`` (raw stage ``st``, full): this warp's 16 keys."""
+        w, g, t = lane(ct)
+        n0 = T.alloc_var(T.int32, init=kb * BLOCK_N)
+        key0 = T.alloc_var(T.int32, init=n0 + w * SLICE)  # the slice's first key
+        for j in unrolled(2):
+            for v in unrolled(qw // 16):
+                for e in T.vectorized(16):
+                    st_.kraw[j * qw + v * 16 + e] = k_ring[st, w * SLICE + 8 * j + g, t * qw + v * 16 + e]
+        # V: ldmatrix.trans of 8 x 8 two-byte elements; matrix (h, c) is keys 8 h .. 8 h + 7
+        # of the slice at bytes 16 c .. 16 c + 15 (lanes 8 m .. 8 m + 7 give matrix m's rows).
+        lm = T.alloc_var(T.int32, init=ct % 32 // 8)
+        for q in unrolled(dim_v // 32):
+            T.ptx_ldmatrix(T.bool(True), 4,
+                           T.access_ptr(v_ring[st, w * SLICE + 8 * (lm % 2) + ct % 8, (2 * q + lm // 2) * 16], "r",
+                                        extent=16),
+                           T.access_ptr(st_.vraw[4 * q], "w", extent=4))
+        T.barrier_arrive(empty[st])  # the bytes are in registers: the producer may refill
+        # A boundary block: rows outside the entry's keys may hold stale or NaN bytes (TMA
+        # reads whole blocks); their scores are masked below, their V bytes zeroed here
+        # (0 x NaN would reach O).  Register (h, c) holds key 8 h + 2 t in its low half and
+        # 8 h + 2 t + 1 in its high half.
+        if T.Not(tile.holds(n0, BLOCK_N)):
+            for h in unrolled(2):
+                keep = T.alloc_var(T.uint32, init=T.if_then_else(tile.holds(key0 + 8 * h + 2 * t), T.uint32(0xFFFF), T.uint32(0))
+                                   | T.if_then_else(tile.holds(key0 + 8 * h + 2 * t + 1), T.uint32(0xFFFF0000), T.uint32(0)))
+                for c in unrolled(dim_v // 16):
+                    st_.vraw[v_reg(h, c)] = st_.vraw[v_reg(h, c)] & keep
+        for e in T.vectorized(2 * qw):
+            st_.kb[e] = T.cast(st_.kraw[e], HALF)
+        for e in unrolled(8):
+            st_.s[e] = 0.0
+        for j in unrolled(2):
+            for kc in unrolled(kc_n):
+                mma(st_.qa, kc * 8, st_.kb, j * qw + kc * 4, st_.s, j * 4)
+        # V's B fragments for n-tile fn = 2 c + e (feature 16 c + 2 g + e): keys (2t, 2t + 1)
+        # from register (0, c), (2t + 8, 2t + 9) from (1, c), bytes paired by key.
+        for h in unrolled(2):
+            for c in unrolled(dim_v // 16):
+                pair = T.alloc_var(T.uint32, init=T.call_extern(T.uint32, "__byte_perm", st_.vraw[v_reg(h, c)],
+                                                                T.uint32(0), T.uint32(0x3120)))
+                st_.vb[(2 * c) * 2 + h] = T.call_extern(T.uint32, CVT, pair)
+                st_.vb[(2 * c + 1) * 2 + h] = T.call_extern(T.uint32, CVT, pair >> T.uint32(16))
+        # Online softmax (softmax.online_softmax's arithmetic, per lane).
+        if has_softcap:
+            for e in unrolled(8):
+                st_.s[e] = T.tanh(st_.s[e] * tile.cap)
+        if not block_fully_visible(tile.t_last, n0, n0 + BLOCK_N - 1, tile.t_first, tile.mask):
+            for e in unrolled(8):  # s[4 j + 2 hr + x]: row g + 8 hr, key 8 j + 2 t + x
+                st_.s[e] = T.if_then_else(visible(st_.tok[e % 4 // 2], key0 + 8 * (e // 4) + 2 * t + e % 2, tile.mask),
+                                          st_.s[e], neg_inf)
+        for hr in unrolled(2):
+            st_.mx[hr] = T.max(T.max(st_.s[2 * hr], st_.s[2 * hr + 1]), T.max(st_.s[4 + 2 * hr], st_.s[5 + 2 * hr]))
+            st_.mx[hr] = T.max(st_.mx[hr], T.shfl_xor(st_.mx[hr], 1))
+            st_.mx[hr] = T.max(st_.mx[hr], T.shfl_xor(st_.mx[hr], 2))
+            st_.mx[hr] = T.max(st_.mx[hr], st_.m[hr])
+            st_.msafe[hr] = T.if_then_else(st_.mx[hr] == neg_inf, 0, st_.mx[hr] * tile.sc)
+            st_.alpha[hr] = T.if_then_else(st_.m[hr] == st_.mx[hr], 1.0, T.exp2(st_.m[hr] * tile.sc - st_.msafe[hr]))
+            st_.m[hr] = st_.mx[hr]
+        if two_halves == 0:  # rows g + 8 are all padding: zero weight, no rescale
+            st_.alpha[1] = 1.0
+        for e in unrolled(8):
+            if e % 4 < 2 or two_halves != 0:
+                st_.s[e] = T.exp2(st_.s[e] * tile.sc - st_.msafe[e % 4 // 2])
+            else:
+                st_.s[e] = 0.0
+        for hr in unrolled(2):
+            st_.l[hr] = st_.l[hr] * st_.alpha[hr] + (st_.s[2 * hr] + st_.s[2 * hr + 1] + st_.s[4 + 2 * hr]
+                                                     + st_.s[5 + 2 * hr])
+        # O *= alpha only in warps where some row's max moved (alpha is exactly 1 otherwise:
+        # the result is bitwise the same; ``fwd_ws.rescaler``).
+        moved = T.alloc_var(T.int32, init=T.Cast(T.int32, st_.alpha[0] != 1.0) | T.Cast(T.int32, st_.alpha[1] != 1.0))
+        if T.call_extern(T.int32, "__any_sync", T.uint32(0xFFFFFFFF), moved) != 0:
+            for e in unrolled(fn_n * 4):
+                st_.o[e] = st_.o[e] * st_.alpha[e % 4 // 2]
+        for e in T.vectorized(8):
+            st_.pa[e] = T.cast(st_.s[e], HALF)
+        for fn in unrolled(fn_n):
+            mma(st_.pa, 0, st_.vb, fn * 2, st_.o, fn * 4)
+
+    @T.macro
+    def merge_store(st_, Opart, LSEpart, tile, wg, ct, out_scale, bar):
+        """The four warps' (m, l, O) of the part merged into consumer ``wg``'s partial
+        (``softmax.finish`` without sink: O normalised and scaled by ``out_scale``, lse in
+        natural log, 0 / -inf for a row that saw no key), real rows only.  ``bar`` is the
+        warpgroup's named barrier: once before writing (the previous part's readers are done),
+        once before reading."""
+        w, g, t = lane(ct)
+        for hr in unrolled(2):
+            st_.l[hr] = st_.l[hr] + T.shfl_xor(st_.l[hr], 1)
+            st_.l[hr] = st_.l[hr] + T.shfl_xor(st_.l[hr], 2)
+        T.sync_threads(bar, 128)
+        for fn in unrolled(fn_n):
+            for e in unrolled(4):  # row g + 8 hr, column n = 2 t + x of n-tile fn: ``v_feature``
+                st_.mo[wg, w, g + 8 * (e // 2), v_feature(fn, 2 * t + e % 2)] = st_.o[fn * 4 + e]
+        if t == 0:
+            for hr in unrolled(2):
+                st_.ml[wg, w, 0, g + 8 * hr] = st_.m[hr]
+                st_.ml[wg, w, 1, g + 8 * hr] = st_.l[hr]
+        T.sync_threads(bar, 128)
+        # Thread ct: row ct // 8, features (ct % 8) dim_v / 8 .. + dim_v / 8.
+        r = T.alloc_var(T.int32, init=ct // 8)
+        c0 = T.alloc_var(T.int32, init=ct % 8 * (dim_v // 8))
+        top = T.alloc_var(acc, init=T.max(T.max(st_.ml[wg, 0, 0, r], st_.ml[wg, 1, 0, r]),
+                                          T.max(st_.ml[wg, 2, 0, r], st_.ml[wg, 3, 0, r])))
+        top_safe = T.alloc_var(acc, init=T.if_then_else(top == neg_inf, 0, top * tile.sc))
+        f = T.alloc_local([WARPS], acc)
+        total = T.alloc_var(acc, init=0.0)
+        for x in unrolled(WARPS):
+            f[x] = T.exp2(st_.ml[wg, x, 0, r] * tile.sc - top_safe)
+            total += f[x] * st_.ml[wg, x, 1, r]
+        scale = T.alloc_var(acc, init=T.if_then_else(total > 0, out_scale / total, 0.0))
+        if tile.r0 + r < tile.rows:
+            prow = T.alloc_var(T.int32, init=tile.partial_row(wg * BLOCK_M + r))
+            for c in unrolled(dim_v // 8):
+                Opart[prow, c0 + c] = (st_.mo[wg, 0, r, c0 + c] * f[0] + st_.mo[wg, 1, r, c0 + c] * f[1]
+                                       + st_.mo[wg, 2, r, c0 + c] * f[2] + st_.mo[wg, 3, r, c0 + c] * f[3]) * scale
+            if ct % 8 == 0:
+                LSEpart[prow] = T.if_then_else(total > 0, (T.log2(total) + top_safe) * LN2, neg_inf)
+
+    return State, load_queries, step, merge_store
