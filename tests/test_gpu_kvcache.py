@@ -274,7 +274,8 @@ def test_combine_of_several_rows_per_cta(c: C, monkeypatch):
 @pytest.mark.parametrize("c", [C(batch=1, length=8000, h=32, hkv=8, fp8=True),
                                C(batch=1, length=5000, h=8, hkv=2, sinks=True, fp8=True)], ids=lambda c: c.id)
 def test_combine_of_many_splits_in_one_round(c: C, monkeypatch):
-    """B=1 over an FP8 cache: 16 CTAs x 3 consumers per segment, merged by the 16-load combine."""
+    """B=1 over an FP8 cache: 16 CTAs x 2 consumers per segment (34 slots a row), merged by the
+    16-load combine."""
     from flashtile.kernels import decode as dm
 
     seen = []

@@ -478,8 +478,10 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
     from flashtile.kernels.decode import MAX_SPLITS, decode_kernel, decode_schedule, split_count, worker_count
     from flashtile.kernels.decode_ws import decode_ws_kernel
 
-    sched = decode_schedule(128, 128, "bfloat16", "float8_e4m3fn")
+    # 32 query rows per kv head: the widening consumers, three of them (``warp_mma``'s: two)
+    sched = decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", rows=32)
     assert sched.kernel is decode_ws_kernel and sched.consumers == 3 and sched.ctas_per_sm == 1
+    assert decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", rows=4).consumers == 2
     bf16 = decode_schedule(128, 128, "bfloat16", None)
     assert bf16.kernel is decode_kernel and bf16.consumers == 1
     for requested in (0, 1, 2, 3, 7, 500):
@@ -751,24 +753,35 @@ def test_fp8_opcheck(gen):
 
 @pytest.mark.compile
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("d,dv,dtype,sinks,softcap", [(128, 128, "bfloat16", False, False), (192, 128, "float16", True, True)],
-                         ids=lambda x: str(x))
-def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap):
+@pytest.mark.parametrize("d,dv,dtype,sinks,softcap,rows", [(128, 128, "bfloat16", False, False, 32),
+                                                          (192, 128, "float16", True, True, 4),
+                                                          (128, 128, "bfloat16", False, False, 16),
+                                                          (64, 64, "float16", True, True, 1)], ids=lambda x: str(x))
+def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap, rows):
     """The FP8-cache decode kernel (decode_ws): FP8 bytes through TMA (one box per K/V block,
     pages of whole blocks) or explicit cp.async (16-byte copies, any page size) by a producer
-    warpgroup into a raw ring handed over through mbarriers; each of two consumer warpgroups
-    widens its blocks to fp16 pairwise (one cvt per two values) for its fp16 WGMMAs; three
-    consumer warpgroups at d = 128, two at 192/128 (``ws_config``)."""
+    warpgroup into a raw ring handed over through mbarriers.  More than 16 query rows per kv
+    head (or head dims other than 64 / 128): each consumer warpgroup widens its blocks to fp16
+    pairwise (one cvt per two values) for its fp16 WGMMAs; three consumer warpgroups at
+    d = 128, two at 192/128 (``ws_config``).  Up to 16 rows at d = 64 / 128 (``warp_mma``): two
+    consumer warpgroups of mma.sync warps widening in registers, V through ldmatrix.trans, no
+    WGMMA."""
     from flashtile.kernels.decode import get_decode_kernels
 
-    decode = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn")[0]
+    decode = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn", rows=rows)[0]
     src = decode.get_kernel_source()
     assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "mbarrier_cp_async_arrive_noinc" in src
     assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "expect_transaction" in src
-    assert "__tl_cvt_fp8x2_to_half2" in src and "wgmma_ss<tl::DataType::kFloat16" in src
+    mma = rows <= 16 and d in (64, 128)
+    if mma:
+        assert "mma_sync<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, 16, 8, 16" in src
+        assert "ptx_ldmatrix_x4_trans" in src and "flashtile_e4m3x2_to_half2" in src and "wgmma" not in src
+    else:
+        assert "__tl_cvt_fp8x2_to_half2" in src and "wgmma_ss<tl::DataType::kFloat16" in src
+        assert "fence_proxy_async" in src
     # a producer and three (two) consumer warpgroups, registers moved to the consumers
-    threads = 512 if d == 128 else 384
-    assert "fence_proxy_async" in src and f"__launch_bounds__({threads}, 1)" in src and "warpgroup_reg_alloc" in src
+    threads = 512 if d == 128 and not mma else 384
+    assert f"__launch_bounds__({threads}, 1)" in src and "warpgroup_reg_alloc" in src
 
 
 @pytest.mark.parametrize("consumers,per", [(2, 2), (3, 1), (3, 2), (2, 1)])

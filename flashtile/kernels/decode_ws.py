@@ -79,6 +79,13 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0,
     each with two consumers (one where shared memory is short), one each with three (two do not
     fit at d = 128).
 
+    ``warp_mma`` (``warp_mma.py``'s consumers): 64-key blocks, two consumers with two stages
+    each.  Measured on an H100 (`h100-2026-11-28d/r2/`, `r3/`; B=8 32k contiguous / page 16 /
+    4 query tokens / B=128 2k / B=1 8k, us): three consumers with two stages each 192.8 /
+    194.6 / 199.9 / 215.5 / 13.5, with one each 180.5 / 193.6 / 192.5 / 213.3 / 13.1, two
+    consumers with one each 188.4 / 202.0 / 194.5 / 215.5 / 12.5, with two each 182.4 / 189.7
+    / 189.2 / 208.5 / 12.5: 48-64 KB of raw stages in flight per SM, not 32 or 96.
+
     The copies (not a tile parameter): by row (each producer thread looks up one key row and
     copies a share of it) for FP8 caches whose page size is not a multiple of ``TMA_BOX`` (the
     others take TMA), warp-coalesced through a row table for 16-bit ones.  Measured on an H100 (FP8, B=8 32k,
@@ -93,7 +100,7 @@ def ws_config(dim: int, dim_v: int, cache_itemsize: int = 1, consumers: int = 0,
     block_n = 128 if width <= 64 else 64 if width <= 128 else 32
     if warp_mma:
         block_n = wm.BLOCK_N
-    three = cache_itemsize == 1 and block_n == 64
+    three = cache_itemsize == 1 and block_n == 64 and not warp_mma
     for c in [consumers] if consumers else [3, 2] if three else [CONSUMERS]:
         for num_stages in (2 * c, c):
             if smem_bytes(dim, dim_v, block_n, num_stages, cache_itemsize, c, warp_mma) <= SMEM_LIMIT - 2048:
