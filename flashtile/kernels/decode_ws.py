@@ -25,7 +25,13 @@ Here the work is split the way FlashAttention-3 splits its FP8 V transpose:
   stage, and runs the GEMMs (Q K^T, P V in fp16, fp32 accumulation) and the online softmax as
   ``decode.py`` does, so one consumer's widening and softmax run under the others' GEMMs.  Each
   consumer writes an fp32 partial per part (slot ``(c + g) C + w``), which ``combine.py``
-  merges, so an FP8 cache always runs at least C splits.
+  merges, so an FP8 cache always runs at least C splits;
+- or (``warp_mma``, kv heads of at most 16 query rows at d = 64 / 128, the common GQA decode):
+  two consumer warpgroups of four ``mma.sync`` warps each, which take 16 keys of every block
+  from the raw stage straight into registers, widen them there and run the softmax on 16-row
+  fragments; the four warps merge once per part (``warp_mma.py``).  H100, B=8 32k: 1.97x the
+  bf16 cache (96.5% of the bandwidth); H200 1.95x, where the widening consumers gave 1.32x
+  (NOTES, eighteenth session).
 
 Measured on an H100 (B=8 32k, FP8 vs the bf16 cache): 1.53x with the consumers widening
 (74% of the bandwidth); the producer widening every block was its own serial chain (1.24x with
@@ -178,7 +184,12 @@ def decode_ws_kernel(
     A consumer warp whose 16 tile rows are all padding (GQA decode: group x Sq real rows, all
     in warp 0 when at most 16) skips the softmax, the P cast and the O rescale; those rows' P
     and O are never stored (H100, B=8 32k FP8: 0.5% faster contiguous, 1-2% with pages of 16
-    or 4 query tokens: NOTES, sixteenth session)."""
+    or 4 query tokens: NOTES, sixteenth session).
+
+    ``warp_mma`` (an FP8 cache; the launcher's choice for at most 16 query rows per kv head at
+    d, d_v in {64, 128}): the consumers are ``warp_mma.py``'s -- no Q tile, no widened tiles,
+    the raw ring 128-byte swizzled for their 16-byte loads, a merge buffer per consumer, the
+    tile's first 16 rows only."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy

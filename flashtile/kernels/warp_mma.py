@@ -17,17 +17,21 @@ consumer warpgroup takes 16 keys of the block and works from registers:
 - the online softmax of its 16 keys on the C fragment (rows ``g``, ``g + 8``; row maxima
   over the quad's lanes, sums kept per lane and reduced once per part);
 - O += P V as ``dim_v / 8`` mma.sync: P's A fragments are S's C fragments, cast (FA2's
-  register reuse); V's B fragments take two keys per register, so lane ``(g, t)`` reads keys
-  ``2t, 2t + 1, 2t + 8, 2t + 9`` of the slice at features ``g dim_v/8 .. (g + 1) dim_v/8 - 1``
-  (the output's feature order is permuted the same way and restored when stored) and
-  interleaves their bytes before widening;
+  register reuse); V's B fragments need two keys' bytes of one feature per 16-bit half, so V
+  comes through ``ldmatrix.trans`` (8 x 8 two-byte elements: lane ``(g, t)`` gets keys
+  ``2t, 2t + 1`` at features ``2g, 2g + 1`` of a 16-byte column) and one ``byte_perm`` per
+  register pairs the bytes by feature before the cvt (FA3's FP8 V transpose, here in
+  registers); the output's columns come out permuted (``v_feature``) and are put back when
+  merged;
 - the raw stages carry a 128-byte swizzle (TMA's, and the by-row copies' through TileLang's
-  layout), so those 16-byte loads of 8 rows at one column do not hit the same banks.
+  layout), so the 16-byte loads and ldmatrix rows of 8 keys at one column fall on different
+  banks (by the swizzle's construction; not profiled).
 
 Each warp keeps its own running max, sums and output; at the end of a part the four warps
 merge through shared memory (``merge_store``) into the consumer's fp32 partial, as the
-widening consumers write it.  Per 64-key block a warp issues 32 ``HMMA.16816`` instead of a
-warpgroup's twelve 64-row WGMMAs (16x the useful rows at GQA 4), and no shared-memory stores.
+widening consumers write it.  Per 64-key block a warp issues 32 ``HMMA.16816`` and no
+shared-memory stores, where a widening warpgroup ran twelve 64-row WGMMAs (16 times the 4
+useful rows at GQA 4) over tiles it had stored itself.
 """
 
 import tilelang.language as T
