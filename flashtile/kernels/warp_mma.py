@@ -21,8 +21,8 @@ consumer warpgroup takes 16 keys of the block and works from registers:
   comes through ``ldmatrix.trans`` (8 x 8 two-byte elements: lane ``(g, t)`` gets keys
   ``2t, 2t + 1`` at features ``2g, 2g + 1`` of a 16-byte column) and one ``byte_perm`` per
   register pairs the bytes by feature before the cvt (FA3's FP8 V transpose, here in
-  registers); the output's columns come out permuted (``v_feature``) and are put back when
-  merged;
+  registers); column n of the output's n-tile fn is then feature 16 (fn // 2) + 2 n + fn % 2,
+  put back in order when the warps merge;
 - the raw stages carry a 128-byte swizzle (TMA's, and the by-row copies' through TileLang's
   layout), so the 16-byte loads and ldmatrix rows of 8 keys at one column fall on different
   banks (by the swizzle's construction; not profiled).
@@ -91,10 +91,6 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
         """Index in ``vraw`` of ldmatrix register (h, c): call c // 2, matrix 2 (c % 2) + h."""
         return c // 2 * 4 + c % 2 * 2 + h
 
-    def v_feature(fn, n):
-        """V feature (and output column) of column ``n`` of P V's n-tile ``fn``."""
-        return 16 * (fn // 2) + 2 * n + fn % 2
-
     class State:
         """One consumer thread's registers (``T.alloc_local``) and its warpgroup's merge buffer."""
 
@@ -113,8 +109,8 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             self.alpha = T.alloc_local([2], acc)
             self.msafe = T.alloc_local([2], acc)
             self.mx = T.alloc_local([2], acc)
-            # Merge buffer: per consumer, per warp, 16 rows of O (fp32), then m and l per row.
-            self.mo = T.alloc_shared([consumers, WARPS, MAX_ROWS, dim_v], acc)
+            # Merge buffer: per consumer, per warp, its O fragments (fp32), then m and l per row.
+            self.mo = T.alloc_shared([consumers, WARPS, fn_n, 128], acc)  # O fragments: n-tile, lane x 4
             self.ml = T.alloc_shared([consumers, WARPS, 2, MAX_ROWS], acc)
 
     def lane(ct):
@@ -231,44 +227,70 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
         for fn in unrolled(fn_n):
             mma(st_.pa, 0, st_.vb, fn * 2, st_.o, fn * 4)
 
+    fpt = fn_n // WARPS  # n-tiles of O each thread merges (``merge_store``)
+
     @T.macro
     def merge_store(st_, Opart, LSEpart, tile, wg, ct, out_scale, bar):
         """The four warps' (m, l, O) of the part merged into consumer ``wg``'s partial
         (``softmax.finish`` without sink: O normalised and scaled by ``out_scale``, lse in
         natural log, 0 / -inf for a row that saw no key), real rows only.  ``bar`` is the
         warpgroup's named barrier: once before writing (the previous part's readers are done),
-        once before reading."""
+        once before reading.
+
+        In fragment order: each warp stores its O fragments as they sit in its lanes (16-byte
+        stores, consecutive lanes on consecutive banks); thread ``ct`` then
+        merges the four warps' values at lane ``ct % 32``'s positions of n-tiles ``fpt w ..
+        fpt w + fpt - 1`` (the same place in every warp: the same rows g, g + 8 and columns)
+        and stores them as runs of 4 columns (column n = 2 t + x of n-tile fn is feature
+        16 (fn // 2) + 2 n + fn % 2, so n-tiles 2h, 2h + 1 and x = 0, 1 make features
+        16 h + 4 t .. + 3).  (Merged by output rows and columns instead,
+        16 rows x ``dim_v`` per warp, the stores and loads hit 8 and 16 lanes per bank: B=1 8k
+        with 4 query tokens took 19.3 us against 13.7; NOTES, eighteenth session.)"""
         w, g, t = lane(ct)
+        ln = T.alloc_var(T.int32, init=ct % 32)
         for hr in unrolled(2):
             st_.l[hr] = st_.l[hr] + T.shfl_xor(st_.l[hr], 1)
             st_.l[hr] = st_.l[hr] + T.shfl_xor(st_.l[hr], 2)
         T.sync_threads(bar, 128)
         for fn in unrolled(fn_n):
-            for e in unrolled(4):  # row g + 8 hr, column n = 2 t + x of n-tile fn: ``v_feature``
-                st_.mo[wg, w, g + 8 * (e // 2), v_feature(fn, 2 * t + e % 2)] = st_.o[fn * 4 + e]
+            for e in T.vectorized(4):
+                st_.mo[wg, w, fn, ln * 4 + e] = st_.o[fn * 4 + e]
         if t == 0:
             for hr in unrolled(2):
                 st_.ml[wg, w, 0, g + 8 * hr] = st_.m[hr]
                 st_.ml[wg, w, 1, g + 8 * hr] = st_.l[hr]
         T.sync_threads(bar, 128)
-        # Thread ct: row ct // 8, features (ct % 8) dim_v / 8 .. + dim_v / 8.
-        r = T.alloc_var(T.int32, init=ct // 8)
-        c0 = T.alloc_var(T.int32, init=ct % 8 * (dim_v // 8))
-        top = T.alloc_var(acc, init=T.max(T.max(st_.ml[wg, 0, 0, r], st_.ml[wg, 1, 0, r]),
-                                          T.max(st_.ml[wg, 2, 0, r], st_.ml[wg, 3, 0, r])))
-        top_safe = T.alloc_var(acc, init=T.if_then_else(top == neg_inf, 0, top * tile.sc))
-        f = T.alloc_local([WARPS], acc)
-        total = T.alloc_var(acc, init=0.0)
+        f = T.alloc_local([2 * WARPS], acc)  # f[hr WARPS + x]: warp x's weight for row g + 8 hr
+        scale = T.alloc_local([2], acc)
+        total = T.alloc_local([2], acc)
+        top_safe = T.alloc_local([2], acc)
+        for hr in unrolled(2):
+            r = g + 8 * hr
+            top = T.alloc_var(acc, init=T.max(T.max(st_.ml[wg, 0, 0, r], st_.ml[wg, 1, 0, r]),
+                                              T.max(st_.ml[wg, 2, 0, r], st_.ml[wg, 3, 0, r])))
+            top_safe[hr] = T.if_then_else(top == neg_inf, 0, top * tile.sc)
+            total[hr] = 0.0
+            for x in unrolled(WARPS):
+                f[hr * WARPS + x] = T.exp2(st_.ml[wg, x, 0, r] * tile.sc - top_safe[hr])
+                total[hr] += f[hr * WARPS + x] * st_.ml[wg, x, 1, r]
+            scale[hr] = T.if_then_else(total[hr] > 0, out_scale / total[hr], 0.0)
+        part = T.alloc_local([WARPS * fpt * 4], acc)  # warp x's values, n-tile fpt w + j, position e
         for x in unrolled(WARPS):
-            f[x] = T.exp2(st_.ml[wg, x, 0, r] * tile.sc - top_safe)
-            total += f[x] * st_.ml[wg, x, 1, r]
-        scale = T.alloc_var(acc, init=T.if_then_else(total > 0, out_scale / total, 0.0))
-        if tile.r0 + r < tile.rows:
-            prow = T.alloc_var(T.int32, init=tile.partial_row(wg * BLOCK_M + r))
-            for c in unrolled(dim_v // 8):
-                Opart[prow, c0 + c] = (st_.mo[wg, 0, r, c0 + c] * f[0] + st_.mo[wg, 1, r, c0 + c] * f[1]
-                                       + st_.mo[wg, 2, r, c0 + c] * f[2] + st_.mo[wg, 3, r, c0 + c] * f[3]) * scale
-            if ct % 8 == 0:
-                LSEpart[prow] = T.if_then_else(total > 0, (T.log2(total) + top_safe) * LN2, neg_inf)
+            for j in unrolled(fpt):
+                for e in T.vectorized(4):
+                    part[(x * fpt + j) * 4 + e] = st_.mo[wg, x, fpt * w + j, ln * 4 + e]
+        for hr in unrolled(2):
+            if tile.r0 + g + 8 * hr < tile.rows:
+                prow = T.alloc_var(T.int32, init=tile.partial_row(wg * BLOCK_M + g + 8 * hr))
+                for h in unrolled(fpt // 2):
+                    for y in unrolled(4):  # column 16 (fpt w / 2 + h) + 4 t + y: x = y // 2, n-tile bit y % 2
+                        j = 2 * h + y % 2
+                        e = 2 * hr + y // 2
+                        Opart[prow, 16 * (fpt * w // 2 + h) + 4 * t + y] = (
+                            part[(0 * fpt + j) * 4 + e] * f[hr * WARPS + 0] + part[(1 * fpt + j) * 4 + e] * f[hr * WARPS + 1]
+                            + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
+                            + part[(3 * fpt + j) * 4 + e] * f[hr * WARPS + 3]) * scale[hr]
+                if w == 0 and t == 0:
+                    LSEpart[prow] = T.if_then_else(total[hr] > 0, (T.log2(total[hr]) + top_safe[hr]) * LN2, neg_inf)
 
     return State, load_queries, step, merge_store
