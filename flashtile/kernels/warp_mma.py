@@ -21,7 +21,7 @@ consumer warpgroup takes 16 keys of the block and works from registers:
   comes through ``ldmatrix.trans`` (8 x 8 two-byte elements: lane ``(g, t)`` gets keys
   ``2t, 2t + 1`` at features ``2g, 2g + 1`` of a 16-byte column) and one ``byte_perm`` per
   register pairs the bytes by feature before the cvt (FA3's FP8 V transpose, here in
-  registers); column n of the output's n-tile fn is then feature 16 (fn // 2) + 2 n + fn % 2,
+  registers); column n of the output's n-tile fn is then feature ``out_feature(fn, n)``,
   put back in order when the warps merge;
 - the raw stages carry a 128-byte swizzle (TMA's, and the by-row copies' through TileLang's
   layout), so the 16-byte loads and ldmatrix rows of 8 keys at one column fall on different
@@ -74,6 +74,54 @@ def mma(a, a_off, b, b_off, c, c_off):
                      c.data, c_off, T.bool(False))
 
 
+# --- The fragment layouts, as index maps (Python ints, or TIR expressions built in the same
+# order as before they were factored out: the kernels' TIR is unchanged).  PTX m16n8k16 fp16:
+# lane (g, t) = (lane // 4, lane % 4) holds A halves 0-1 (row g, k 2t, 2t+1), 2-3 (row g+8),
+# 4-7 the same at k + 8; B halves 0-1 (k 2t, 2t+1; n g), 2-3 (k + 8); C 0-1 (row g, n 2t,
+# 2t+1), 2-3 (row g+8).  tests/test_warp_mma_layout.py simulates one warp with these maps.
+
+
+def q_slot(kc: int, e: int, hr: int) -> int:
+    """Index in the A fragments ``qa`` of query row g + 8 hr, feature ``t dim/4 + 4 kc + e``
+    (e < 4): k-chunk kc's logical k ``2t + e % 2 + 8 (e // 2)``, the same order as K's bytes."""
+    return kc * 8 + e // 2 * 4 + hr * 2 + e % 2
+
+
+def k_offset(j: int, kc: int, qw: int) -> int:
+    """Offset in ``kb`` of n-tile j's (keys 8 j + g) B fragment of k-chunk kc: its 4 halves are
+    features ``t qw + 4 kc .. + 3`` (lane t's bytes ``t qw .. t qw + qw - 1`` of each K row)."""
+    return j * qw + kc * 4
+
+
+def v_reg(h: int, c: int) -> int:
+    """Index in ``vraw`` of ldmatrix.trans register (h, c) (keys 8 h + 2t, + 1 of the slice at
+    features 16 c + 2 g, + 1): call c // 2, matrix 2 (c % 2) + h."""
+    return c // 2 * 4 + c % 2 * 2 + h
+
+
+def vb_slot(fn: int, h: int) -> int:
+    """Index in ``vb`` of P V's n-tile fn B register h (keys 8 h + 2t, + 1; feature
+    ``out_feature(fn, g)``)."""
+    return fn * 2 + h
+
+
+def out_feature(fn: int, n: int) -> int:
+    """V feature (and output column) of column n of P V's n-tile fn."""
+    return 16 * (fn // 2) + 2 * n + fn % 2
+
+
+def merge_source(h: int, y: int, hr: int) -> tuple:
+    """(n-tile offset j, C position e) that ``merge_store`` reads for the y-th column of its
+    h-th 4-column run, row g + 8 hr."""
+    return 2 * h + y % 2, 2 * hr + y // 2
+
+
+def merge_column(fpt: int, w, h: int, t, y: int):
+    """Output column of ``merge_source(h, y, hr)`` for thread (warp w, lane t of its quad):
+    ``out_feature(fpt w + j, 2 t + e % 2)``."""
+    return 16 * (fpt * w // 2 + h) + 4 * t + y
+
+
 def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consumers: int, q_ahead: bool = False):
     """(state, load_queries, take_queries, step, merge_store) macros of one consumer thread.
 
@@ -87,10 +135,6 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
     kc_n = dim // 16  # k-chunks of Q K^T
     qw = dim // 4  # Q/K features per lane (contiguous; chunk kc takes 4 of them)
     fn_n = dim_v // 8  # n-tiles of P V
-
-    def v_reg(h, c):
-        """Index in ``vraw`` of ldmatrix register (h, c): call c // 2, matrix 2 (c % 2) + h."""
-        return c // 2 * 4 + c % 2 * 2 + h
 
     class State:
         """One consumer thread's registers (``T.alloc_local``) and its warpgroup's merge buffer."""
@@ -156,7 +200,7 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             if not ahead:
                 for kc in unrolled(kc_n):
                     for e in unrolled(4):
-                        st_.qa[kc * 8 + e // 2 * 4 + hr * 2 + e % 2] = T.cast(qraw[kc * 4 + e], HALF)
+                        st_.qa[q_slot(kc, e, hr)] = T.cast(qraw[kc * 4 + e], HALF)
                 st_.m[hr] = neg_inf
                 st_.l[hr] = 0.0
         if not ahead:
@@ -170,7 +214,7 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             st_.tok[hr] = st_.tok_next[hr]
             for kc in unrolled(kc_n):
                 for e in unrolled(4):
-                    st_.qa[kc * 8 + e // 2 * 4 + hr * 2 + e % 2] = T.cast(st_.qnext[hr * qw + kc * 4 + e], HALF)
+                    st_.qa[q_slot(kc, e, hr)] = T.cast(st_.qnext[hr * qw + kc * 4 + e], HALF)
             st_.m[hr] = neg_inf
             st_.l[hr] = 0.0
         for e in unrolled(fn_n * 4):
@@ -211,15 +255,15 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             st_.s[e] = 0.0
         for j in unrolled(2):
             for kc in unrolled(kc_n):
-                mma(st_.qa, kc * 8, st_.kb, j * qw + kc * 4, st_.s, j * 4)
+                mma(st_.qa, kc * 8, st_.kb, k_offset(j, kc, qw), st_.s, j * 4)
         # V's B fragments for n-tile fn = 2 c + e (feature 16 c + 2 g + e): keys (2t, 2t + 1)
         # from register (0, c), (2t + 8, 2t + 9) from (1, c), bytes paired by key.
         for h in unrolled(2):
             for c in unrolled(dim_v // 16):
                 pair = T.alloc_var(T.uint32, init=T.call_extern(T.uint32, "__byte_perm", st_.vraw[v_reg(h, c)],
                                                                 T.uint32(0), T.uint32(0x3120)))
-                st_.vb[(2 * c) * 2 + h] = T.call_extern(T.uint32, CVT, pair)
-                st_.vb[(2 * c + 1) * 2 + h] = T.call_extern(T.uint32, CVT, pair >> T.uint32(16))
+                st_.vb[vb_slot(2 * c, h)] = T.call_extern(T.uint32, CVT, pair)
+                st_.vb[vb_slot(2 * c + 1, h)] = T.call_extern(T.uint32, CVT, pair >> T.uint32(16))
         # Online softmax (softmax.online_softmax's arithmetic, per lane).
         if has_softcap:
             for e in unrolled(8):
@@ -255,7 +299,7 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
         for e in T.vectorized(8):
             st_.pa[e] = T.cast(st_.s[e], HALF)
         for fn in unrolled(fn_n):
-            mma(st_.pa, 0, st_.vb, fn * 2, st_.o, fn * 4)
+            mma(st_.pa, 0, st_.vb, vb_slot(fn, 0), st_.o, fn * 4)
 
     fpt = fn_n // WARPS  # n-tiles of O each thread merges (``merge_store``)
 
@@ -313,10 +357,9 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             if tile.r0 + g + 8 * hr < tile.rows:
                 prow = T.alloc_var(T.int32, init=tile.partial_row(wg * BLOCK_M + g + 8 * hr))
                 for h in unrolled(fpt // 2):
-                    for y in unrolled(4):  # column 16 (fpt w / 2 + h) + 4 t + y: x = y // 2, n-tile bit y % 2
-                        j = 2 * h + y % 2
-                        e = 2 * hr + y // 2
-                        Opart[prow, 16 * (fpt * w // 2 + h) + 4 * t + y] = (
+                    for y in unrolled(4):
+                        j, e = merge_source(h, y, hr)
+                        Opart[prow, merge_column(fpt, w, h, t, y)] = (
                             part[(0 * fpt + j) * 4 + e] * f[hr * WARPS + 0] + part[(1 * fpt + j) * 4 + e] * f[hr * WARPS + 1]
                             + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
                             + part[(3 * fpt + j) * 4 + e] * f[hr * WARPS + 3]) * scale[hr]
