@@ -83,7 +83,8 @@ def test_one_warp_slice_computes_q_k_v_in_place(dim, dim_v):
         acc = [[0.0] * 4 for _ in LANES]
         for kc in range(kc_n):
             off = wm.k_offset(j, kc, qw)
-            part = mma([qa[lane][kc * 8:kc * 8 + 8] for lane in range(32)], [kflat[lane][off:off + 4] for lane in range(32)])
+            part = mma([qa[lane][kc * 8:kc * 8 + 8] for lane in range(32)],
+                       [kflat[lane][off:off + 4] for lane in range(32)])
             acc = [[a + b for a, b in zip(x, y)] for x, y in zip(acc, part)]
         s.append(acc)
     want_s = q @ k.T

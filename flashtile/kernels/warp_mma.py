@@ -187,7 +187,9 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                                    + j % tile.group)
                 for v in unrolled(qw // 8):
                     for e in T.vectorized(8):
-                        if ahead:  # (two buffers, not one name bound to either: TileLang names a buffer by its last binding)
+                        # Two buffers written apart, not one name bound to either: TileLang names a
+                        # buffer after its last binding, which would change the kernels' TIR.
+                        if ahead:
                             st_.qnext[hr * qw + v * 8 + e] = Q[qrow, t * qw + v * 8 + e]
                         else:
                             qraw[v * 8 + e] = Q[qrow, t * qw + v * 8 + e]
@@ -245,8 +247,10 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
         # 8 h + 2 t + 1 in its high half.
         if T.Not(tile.holds(n0, BLOCK_N)):
             for h in unrolled(2):
-                keep = T.alloc_var(T.uint32, init=T.if_then_else(tile.holds(key0 + 8 * h + 2 * t), T.uint32(0xFFFF), T.uint32(0))
-                                   | T.if_then_else(tile.holds(key0 + 8 * h + 2 * t + 1), T.uint32(0xFFFF0000), T.uint32(0)))
+                keep = T.alloc_var(T.uint32,
+                                   init=T.if_then_else(tile.holds(key0 + 8 * h + 2 * t), T.uint32(0xFFFF), T.uint32(0))
+                                   | T.if_then_else(tile.holds(key0 + 8 * h + 2 * t + 1), T.uint32(0xFFFF0000),
+                                                    T.uint32(0)))
                 for c in unrolled(dim_v // 16):
                     st_.vraw[v_reg(h, c)] = st_.vraw[v_reg(h, c)] & keep
         for e in T.vectorized(2 * qw):
@@ -257,7 +261,8 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             for kc in unrolled(kc_n):
                 mma(st_.qa, kc * 8, st_.kb, k_offset(j, kc, qw), st_.s, j * 4)
         # V's B fragments for n-tile fn = 2 c + e (feature 16 c + 2 g + e): keys (2t, 2t + 1)
-        # from register (0, c), (2t + 8, 2t + 9) from (1, c), bytes paired by key.
+        # from register (0, c), (2t + 8, 2t + 9) from (1, c); byte_perm 0x3120 puts the two
+        # keys' bytes of each feature side by side, the cvt's pair.
         for h in unrolled(2):
             for c in unrolled(dim_v // 16):
                 pair = T.alloc_var(T.uint32, init=T.call_extern(T.uint32, "__byte_perm", st_.vraw[v_reg(h, c)],
@@ -360,7 +365,8 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                     for y in unrolled(4):
                         j, e = merge_source(h, y, hr)
                         Opart[prow, merge_column(fpt, w, h, t, y)] = (
-                            part[(0 * fpt + j) * 4 + e] * f[hr * WARPS + 0] + part[(1 * fpt + j) * 4 + e] * f[hr * WARPS + 1]
+                            part[(0 * fpt + j) * 4 + e] * f[hr * WARPS + 0]
+                            + part[(1 * fpt + j) * 4 + e] * f[hr * WARPS + 1]
                             + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
                             + part[(3 * fpt + j) * 4 + e] * f[hr * WARPS + 3]) * scale[hr]
                 if w == 0 and t == 0:
