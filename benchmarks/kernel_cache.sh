@@ -51,7 +51,8 @@ case ${1:-} in
           $pc --headdim 128 --dtype bfloat16 --features both --passes vfwd8;;
         decode)  # tests/test_gpu_kvcache.py, benchmarks/decode_bench.py
           $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode
-          $pc --headdim 64 128 192/128 256 --features plain both --passes decode-fp8;;
+          $pc --headdim 64 128 192/128 256 --features plain both --passes decode-fp8
+          $pc --headdim 64/128 --dtype bfloat16 --features plain --passes decode-fp8;;
         *) echo "unknown group $g (dense, varlen, fp8, decode)" >&2; exit 2;;
       esac
     done;;

@@ -125,6 +125,7 @@ GRID = [
     C(batch=5, length=2049, sq=1, h=8, hkv=1, causal=False, window=(700, 0), page=256, fp8=True),
     # TMA in 16-row boxes on a page size that is a multiple of 16 but not a power of two
     C(batch=2, length=3000, page=48, h=32, hkv=8, fp8=True),
+    C(batch=3, length=1000, sq=2, snew=2, d=64, dv=128, page=16, h=16, hkv=2, fp8=True),  # mma.sync, d != d_v
 ]
 
 
