@@ -124,8 +124,7 @@ def smem_bytes(dim: int, dim_v: int, block_n: int, num_stages: int, cache_itemsi
     FP8, row tables; with ``warp_mma`` the ring and each consumer's merge buffer (Q and the
     widened K/V live in registers)."""
     if warp_mma:
-        merge = consumers * wm.WARPS * wm.MAX_ROWS * (dim_v + 2) * 4
-        return num_stages * block_n * (dim + dim_v) * cache_itemsize + merge
+        return num_stages * block_n * (dim + dim_v) * cache_itemsize + wm.merge_bytes(dim_v, consumers)
     widened = consumers * block_n * (dim + dim_v) * 2 if cache_itemsize == 1 else 0
     return (consumers * BLOCK_M * dim * 2 + num_stages * block_n * (dim + dim_v) * cache_itemsize + widened
             + 4 * consumers * BLOCK_M * 4)

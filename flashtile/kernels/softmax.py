@@ -13,6 +13,33 @@ from .masks import block_fully_visible, visible
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+NEG_INF = -T.infinity(T.float32)
+
+
+# The scalar rules of the online softmax, one row at a time: the macros below apply them to
+# fragments, ``warp_mma.py`` to its per-lane registers.
+
+
+def scaled_max(m, score_scale):
+    """The exp2 reference of a row whose raw max is ``m``: ``m * score_scale``, or 0 for a row
+    that saw no visible key yet (m = -inf), so exp2 sees -inf - 0, not -inf - -inf."""
+    return T.if_then_else(m == NEG_INF, 0, m * score_scale)
+
+
+def rescale_factor(m_prev, m, m_safe, score_scale):
+    """The factor for what a row accumulated under max ``m_prev`` now that it is ``m``
+    (``m_safe = scaled_max(m)``): exactly 1 when the max did not move.  As an FMA (m_prev *
+    scale unrounded minus the rounded m_safe) the exponent is a rounding residual, not 0, and a
+    row's l then depended on how many blocks it visited: the two overlapping first tiles of a
+    bottom-aligned grid (``masks.query_tile``) wrote lse values 1 ulp apart, in either order
+    (NOTES, tenth session).  The rescale skips (``fwd_ws.rescaler``, ``warp_mma``) rely on the 1."""
+    return T.if_then_else(m_prev == m, 1.0, T.exp2(m_prev * score_scale - m_safe))
+
+
+def natural_lse(l, top):
+    """Natural-log log-sum-exp of a row whose exp2 weights, relative to ``top`` (log2 units),
+    sum to ``l``; -inf for a row with no weight."""
+    return T.if_then_else(l > 0, (T.log2(l) + top) * LN2, NEG_INF)
 
 def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
     """Register fragments of one query tile, in the order the macros below name them:
@@ -61,14 +88,8 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
         T.copy(m, m_prev)
         T.reduce_max(s, m, dim=1, clear=False)
         for i in T.Parallel(block_m):
-            # A row with no visible key yet keeps m = -inf; use 0 so exp2 sees -inf - 0.
-            m_safe[i] = T.if_then_else(m[i] == neg_inf, 0, m[i] * score_scale)
-            # Exactly 1 when the max did not move: as an FMA (m_prev * scale unrounded minus
-            # the rounded m_safe) the exponent is a rounding residual, not 0, and a row's l
-            # then depended on how many blocks it visited: the two overlapping first tiles of
-            # a bottom-aligned grid (``masks.query_tile``) wrote lse values 1 ulp apart, in
-            # either order (NOTES, tenth session).
-            alpha[i] = T.if_then_else(m_prev[i] == m[i], 1.0, T.exp2(m_prev[i] * score_scale - m_safe[i]))
+            m_safe[i] = scaled_max(m[i], score_scale)
+            alpha[i] = rescale_factor(m_prev[i], m[i], m_safe[i], score_scale)
             if shifted:  # once per row, so each weight below stays one FFMA (finish recomputes m_safe)
                 m_safe[i] = m_safe[i] - p_offset
         for i, j in T.Parallel(block_m, block_n):
@@ -104,7 +125,7 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
             if shifted:
                 lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) - p_offset + top) * LN2, neg_inf)
             else:
-                lse[i] = T.if_then_else(l[i] > 0, (T.log2(l[i]) + top) * LN2, neg_inf)
+                lse[i] = natural_lse(l[i], top)
         for i, j in T.Parallel(block_m, dim_v):
             o[i, j] *= alpha[i]
 

@@ -34,11 +34,13 @@ shared-memory stores, where a widening warpgroup ran twelve 64-row WGMMAs (16 ti
 useful rows at GQA 4) over tiles it had stored itself.
 """
 
+import math
+
 import tilelang.language as T
 
 from .decode import BLOCK_M, WARP_MMA_ROWS as MAX_ROWS
 from .masks import block_fully_visible, visible
-from .softmax import LN2
+from .softmax import natural_lse, rescale_factor, scaled_max
 
 assert MAX_ROWS == 16  # query rows of a tile the warp fragments hold: one m16 tile
 WARPS = 4  # warps of a consumer warpgroup, each taking a quarter of every key block
@@ -66,6 +68,17 @@ def supports(dim: int, dim_v: int) -> bool:
     """Head dims the warp fragments take: 16-byte K pieces per lane (``dim / 4`` a multiple
     of 16) and at most 128 (registers: O alone is ``dim_v / 2`` per lane)."""
     return dim in (64, 128) and dim_v in (64, 128)
+
+
+def merge_shapes(dim_v: int, consumers: int) -> tuple:
+    """Shapes of the merge buffers (fp32): each warp's O fragments (n-tile, lane x 4), and its
+    running max and sum per row."""
+    return [consumers, WARPS, dim_v // 8, 128], [consumers, WARPS, 2, MAX_ROWS]
+
+
+def merge_bytes(dim_v: int, consumers: int) -> int:
+    """Shared memory of the merge buffers (``merge_shapes``)."""
+    return sum(4 * math.prod(shape) for shape in merge_shapes(dim_v, consumers))
 
 
 def mma(a, a_off, b, b_off, c, c_off):
@@ -158,8 +171,9 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             self.msafe = T.alloc_local([2], acc)
             self.mx = T.alloc_local([2], acc)
             # Merge buffer: per consumer, per warp, its O fragments (fp32), then m and l per row.
-            self.mo = T.alloc_shared([consumers, WARPS, fn_n, 128], acc)  # O fragments: n-tile, lane x 4
-            self.ml = T.alloc_shared([consumers, WARPS, 2, MAX_ROWS], acc)
+            mo_shape, ml_shape = merge_shapes(dim_v, consumers)
+            self.mo = T.alloc_shared(mo_shape, acc)  # O fragments: n-tile, lane x 4
+            self.ml = T.alloc_shared(ml_shape, acc)
 
     def lane(ct):
         """(warp, g, t) of consumer thread ``ct`` (0 .. 127) as registers."""
@@ -282,8 +296,8 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             st_.mx[hr] = T.max(st_.mx[hr], T.shfl_xor(st_.mx[hr], 1))
             st_.mx[hr] = T.max(st_.mx[hr], T.shfl_xor(st_.mx[hr], 2))
             st_.mx[hr] = T.max(st_.mx[hr], st_.m[hr])
-            st_.msafe[hr] = T.if_then_else(st_.mx[hr] == neg_inf, 0, st_.mx[hr] * tile.sc)
-            st_.alpha[hr] = T.if_then_else(st_.m[hr] == st_.mx[hr], 1.0, T.exp2(st_.m[hr] * tile.sc - st_.msafe[hr]))
+            st_.msafe[hr] = scaled_max(st_.mx[hr], tile.sc)
+            st_.alpha[hr] = rescale_factor(st_.m[hr], st_.mx[hr], st_.msafe[hr], tile.sc)
             st_.m[hr] = st_.mx[hr]
         if two_halves == 0:  # rows g + 8 are all padding: zero weight, no rescale
             st_.alpha[1] = 1.0
@@ -347,7 +361,7 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             r = g + 8 * hr
             top = T.alloc_var(acc, init=T.max(T.max(st_.ml[wg, 0, 0, r], st_.ml[wg, 1, 0, r]),
                                               T.max(st_.ml[wg, 2, 0, r], st_.ml[wg, 3, 0, r])))
-            top_safe[hr] = T.if_then_else(top == neg_inf, 0, top * tile.sc)
+            top_safe[hr] = scaled_max(top, tile.sc)
             total[hr] = 0.0
             for x in unrolled(WARPS):
                 f[hr * WARPS + x] = T.exp2(st_.ml[wg, x, 0, r] * tile.sc - top_safe[hr])
@@ -370,6 +384,6 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                             + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
                             + part[(3 * fpt + j) * 4 + e] * f[hr * WARPS + 3]) * scale[hr]
                 if w == 0 and t == 0:
-                    LSEpart[prow] = T.if_then_else(total[hr] > 0, (T.log2(total[hr]) + top_safe[hr]) * LN2, neg_inf)
+                    LSEpart[prow] = natural_lse(total[hr], top_safe[hr])
 
     return State, load_queries, take_queries, step, merge_store
