@@ -160,7 +160,6 @@ def decode_ws_kernel(
     tma_box: int = 0,
     consumers: int = CONSUMERS,
     warp_mma: bool = False,
-    q_ahead: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -189,9 +188,7 @@ def decode_ws_kernel(
     ``warp_mma`` (an FP8 cache; the launcher's choice for at most 16 query rows per kv head at
     d, d_v in {64, 128}): the consumers are ``warp_mma.py``'s -- no Q tile, no widened tiles,
     the raw ring 128-byte swizzled for their 16-byte loads, a merge buffer per consumer, the
-    tile's first 16 rows only.  ``q_ahead`` (developer switch, staged in the eighteenth session
-    and not yet run on a GPU: NOTES): each consumer loads the next part's query rows while it
-    streams the current part's blocks, instead of at the next part's start."""
+    tile's first 16 rows only."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
@@ -210,8 +207,7 @@ def decode_ws_kernel(
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
     if warp_mma:
-        wm_state, wm_queries, wm_take, wm_step, wm_merge = wm.warp_mma_macros(dim, dim_v, dtype, has_softcap,
-                                                                               consumers, q_ahead)
+        wm_state, wm_queries, wm_step, wm_merge = wm.warp_mma_macros(dim, dim_v, dtype, has_softcap, consumers)
     _, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
 
     def consumer_blocks(tile, w):
@@ -497,25 +493,11 @@ def decode_ws_kernel(
             elif warp_mma:  # consumer warpgroups of four mma.sync warps (``warp_mma``)
                 T.set_max_nreg(consumer_regs, 1)
                 done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
-                if q_ahead:
-                    fetched = T.alloc_var(T.int32, init=0)  # this part's rows are in ``qnext``
                 for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part)
                     if live:
                         out_scale = T.alloc_var(T.float32, init=VDescale[tile.b, tile.hk])
-                        if q_ahead:
-                            # This part's rows (fetched during the previous part, else now), then
-                            # the next part's, whose load latency the blocks below hide.
-                            if fetched == 0:
-                                wm_queries(Q, regs, tile, tx % 128, H, Sq, True)
-                            wm_take(regs)
-                            nxt, nxt_live = part_tile(parts, part + 1)
-                            fetched = 0
-                            if nxt_live:
-                                wm_queries(Q, regs, nxt, tx % 128, H, Sq, True)
-                                fetched = 1
-                        else:
-                            wm_queries(Q, regs, tile, tx % 128, H, Sq)
+                        wm_queries(Q, regs, tile, tx % 128, H, Sq)
                         two_halves = T.alloc_var(T.int32, init=tile.rows - tile.r0 > 8)
                         mine = T.alloc_var(T.int32, init=consumer_blocks(tile, wg))
                         for i in T.serial(mine):

@@ -135,13 +135,12 @@ def merge_column(fpt: int, w, h: int, t, y: int):
     return 16 * (fpt * w // 2 + h) + 4 * t + y
 
 
-def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consumers: int, q_ahead: bool = False):
-    """(state, load_queries, take_queries, step, merge_store) macros of one consumer thread.
+def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consumers: int):
+    """(state, load_queries, step, merge_store) macros of one consumer thread.
 
     ``state()`` allocates the thread's registers and the merge buffer; ``load_queries`` fills
-    Q's fragments for a part and resets the running statistics (or, with ``q_ahead``, fetches
-    the next part's rows during this one, and ``take_queries`` uses them); ``step`` runs one
-    key block from raw stage ``st`` (releasing the stage once its bytes are in registers);
+    Q's fragments for a part and resets the running statistics; ``step`` runs one key block
+    from raw stage ``st`` (releasing the stage once its bytes are in registers);
     ``merge_store`` merges the consumer's four warps and writes its partial."""
     acc = T.float32
     neg_inf = -T.infinity(acc)
@@ -158,9 +157,6 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             self.m = T.alloc_local([2], acc)  # running max, rows g and g + 8 (raw scores)
             self.l = T.alloc_local([2], acc)  # this lane's share of the running sums
             self.tok = T.alloc_local([2], T.int32)  # query token of rows g and g + 8
-            if q_ahead:  # the next part's rows g, g + 8 (raw, ``load_queries(ahead=True)``)
-                self.qnext = T.alloc_local([2 * qw], dtype)
-                self.tok_next = T.alloc_local([2], T.int32)
             self.s = T.alloc_local([8], acc)  # S C fragments of the slice's two n-tiles
             self.kraw = T.alloc_local([2 * qw], "float8_e4m3fn")
             self.kb = T.alloc_local([2 * qw], HALF)
@@ -183,54 +179,26 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
         return w, g, t
 
     @T.macro
-    def load_queries(Q, st_, tile, ct, H, Sq, ahead: bool = False):
+    def load_queries(Q, st_, tile, ct, H, Sq):
         """Rows g and g + 8 of the tile (``tile.r0 + row`` among the kv head's rows; past the
-        real rows: 0) into Q's A fragments in the permuted feature order; statistics reset.
-        ``ahead``: only load the rows (raw, with their tokens) into ``qnext`` / ``tok_next``
-        for a later part, which ``take_queries`` turns into fragments when that part starts."""
+        real rows: 0) into Q's A fragments in the permuted feature order; statistics reset."""
         _, g, t = lane(ct)
-        qraw = T.alloc_local([qw], dtype) if not ahead else None
+        qraw = T.alloc_local([qw], dtype)
         for hr in unrolled(2):
             j = T.alloc_var(T.int32, init=tile.r0 + g + 8 * hr)
-            if ahead:
-                st_.tok_next[hr] = j // tile.group
-            else:
-                st_.tok[hr] = j // tile.group
+            st_.tok[hr] = j // tile.group
             if j < tile.rows:
                 qrow = T.alloc_var(T.int32, init=(tile.b * Sq + j // tile.group) * H + tile.hk * tile.group
                                    + j % tile.group)
                 for v in unrolled(qw // 8):
                     for e in T.vectorized(8):
-                        # Two buffers written apart, not one name bound to either: TileLang names a
-                        # buffer after its last binding, which would change the kernels' TIR.
-                        if ahead:
-                            st_.qnext[hr * qw + v * 8 + e] = Q[qrow, t * qw + v * 8 + e]
-                        else:
-                            qraw[v * 8 + e] = Q[qrow, t * qw + v * 8 + e]
+                        qraw[v * 8 + e] = Q[qrow, t * qw + v * 8 + e]
             else:
                 for e in unrolled(qw):
-                    if ahead:
-                        st_.qnext[hr * qw + e] = T.cast(0, dtype)
-                    else:
-                        qraw[e] = T.cast(0, dtype)
-            if not ahead:
-                for kc in unrolled(kc_n):
-                    for e in unrolled(4):
-                        st_.qa[q_slot(kc, e, hr)] = T.cast(qraw[kc * 4 + e], HALF)
-                st_.m[hr] = neg_inf
-                st_.l[hr] = 0.0
-        if not ahead:
-            for e in unrolled(fn_n * 4):
-                st_.o[e] = 0.0
-
-    @T.macro
-    def take_queries(st_):
-        """The rows ``load_queries(ahead=True)`` fetched, as Q's A fragments; statistics reset."""
-        for hr in unrolled(2):
-            st_.tok[hr] = st_.tok_next[hr]
+                    qraw[e] = T.cast(0, dtype)
             for kc in unrolled(kc_n):
                 for e in unrolled(4):
-                    st_.qa[q_slot(kc, e, hr)] = T.cast(st_.qnext[hr * qw + kc * 4 + e], HALF)
+                    st_.qa[q_slot(kc, e, hr)] = T.cast(qraw[kc * 4 + e], HALF)
             st_.m[hr] = neg_inf
             st_.l[hr] = 0.0
         for e in unrolled(fn_n * 4):
@@ -386,4 +354,4 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                 if w == 0 and t == 0:
                     LSEpart[prow] = natural_lse(total[hr], top_safe[hr])
 
-    return State, load_queries, take_queries, step, merge_store
+    return State, load_queries, step, merge_store
