@@ -272,6 +272,21 @@ def test_combine_of_several_rows_per_cta(c: C, monkeypatch):
     assert seen and max(seen) > 1, f"the call's combine ran one row per CTA ({seen}): the case no longer tests several"
 
 
+# 256 segments: with ``own_workers`` (``FLASHTILE_DECODE_OWN=1``) 128 CTAs of two workers, each
+# a whole number of whole segments (``decode.whole_segment_ctas``), so the consumers store O
+# and lse themselves (the sink folded in there) and no combine runs; the shared schedule runs
+# them on persistent CTAs.
+WHOLE_SEGMENT_CASES = [
+    C(batch=32, length=700, h=32, hkv=8, fp8=True),
+    C(batch=64, length=300, sq=2, snew=2, h=16, hkv=4, page=16, sinks=True, softcap=30.0, fp8=True),
+]
+
+
+@pytest.mark.parametrize("c", WHOLE_SEGMENT_CASES, ids=lambda c: c.id)
+def test_whole_segments_per_worker(c: C):
+    test_kernel_matches_reference(c)
+
+
 @pytest.mark.parametrize("c", [C(batch=1, length=8000, h=32, hkv=8, fp8=True),
                                C(batch=1, length=5000, h=8, hkv=2, sinks=True, fp8=True)], ids=lambda c: c.id)
 def test_combine_of_many_splits_in_one_round(c: C, monkeypatch):

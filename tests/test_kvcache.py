@@ -506,6 +506,72 @@ def test_fp8_cache_takes_the_ws_schedule_with_fractional_shares():
     assert worker_count(1, 8, 128, 132, sched) == 8  # ... but never below one triple
 
 
+def own_workers_schedule():
+    from flashtile.kernels import decode as dm
+
+    dm.CFG_OVERRIDE = {"own_workers": 1}
+    try:
+        return dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", rows=4)
+    finally:
+        dm.CFG_OVERRIDE = None
+
+
+def test_own_workers_take_whole_segments_when_they_divide():
+    """``own_workers``: with as many segments as SMs or more, 128 CTAs of 2 workers when 256
+    divides the segments (B=32 8k, B=64 4k, B=128 2k at 8 kv heads: no segment cut, no
+    combine), else one CTA per SM; fewer segments keep the shared schedule's CTA counts."""
+    from flashtile.kernels.decode import whole_segment_ctas, worker_count
+
+    sched = own_workers_schedule()
+    assert sched.cfg["own_workers"] and sched.consumers == 2
+    assert all(b.single_stored for b in sched.combines)
+    for segments in (256, 512, 1024, 2048):
+        assert worker_count(0, segments, 32, 132, sched) == 128, segments
+    assert worker_count(0, 160, 32, 132, sched) == 132  # 2 x 80 would idle 40% of the SMs
+    assert worker_count(0, 1056, 32, 132, sched) == 132  # 264 workers of exactly 4 segments
+    assert worker_count(0, 64, 512, 132, sched) == 128  # B=8 32k: as the shared schedule
+    assert worker_count(0, 8, 512, 132, sched) == 128
+    for segments in range(132, 3000, 7):
+        ctas = whole_segment_ctas(segments, 132, 2)
+        assert ctas == 132 or (ctas >= 119 and segments % (2 * ctas) == 0), (segments, ctas)
+
+
+@pytest.mark.parametrize("segments,ctas", [(1024, 128), (1056, 132), (160, 132), (64, 128), (8, 128), (3, 5),
+                                           (250, 132)])
+def test_own_workers_shares_tile_every_segment_once(segments, ctas):
+    """Workers ``c C + w`` of ``ctas x C`` (``decode_ws``'s ``own_workers``): every segment's
+    units are covered exactly once; a part is its whole segment (stored directly, ``tile.whole``)
+    exactly when ``segment_workers`` counts one worker (the combine skips those rows), and the
+    partial slots ``worker + segment`` of the others are distinct and inside the launcher's
+    ``(workers + segments)`` slots."""
+    from flashtile.kernels.schedule import max_parts, segment_workers, split_part
+
+    workers = ctas * 2
+    covered = [[] for _ in range(segments)]
+    whole, slots = set(), set()
+    for worker in range(workers):
+        for part in range(max_parts(workers, segments)):
+            g, u0, u1 = split_part(worker, part, workers, segments)
+            if g >= segments or u0 >= u1:
+                continue
+            covered[g].append((u0, u1))
+            if (u0, u1) == (0, workers):
+                whole.add(g)
+            else:
+                slot = worker + g
+                assert slot not in slots and slot < workers + segments
+                slots.add(slot)
+    for g, spans in enumerate(covered):
+        spans.sort()
+        assert spans[0][0] == 0 and spans[-1][1] == workers, (g, spans)
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (g, spans)
+        first, count = segment_workers(g, workers, segments)
+        assert (count == 1) == (g in whole), (g, count)
+        assert count == len(spans), (g, count, spans)
+    cut = workers > segments or segments % workers != 0  # the launcher's ``combined``
+    assert cut == (len(whole) < segments)
+
+
 def test_combine_round_is_the_smallest_that_takes_one_round():
     """``decode.combine_round``: rows of few splits take the 8-load combine (16 wastes loads
     and registers), B=1's 48 splits of an FP8 cache the 16-load one, more than 64 the last;

@@ -29,7 +29,7 @@ PER_ROUND = 8
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
 def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, per_round: int = PER_ROUND,
-                   min_ctas: int = 1, rows: int = 0):
+                   min_ctas: int = 1, rows: int = 0, single_stored: bool = False):
     """Kernel arguments: Opart (P, dim_v) and LSEpart (P,) fp32, the decode's partials (row
     ``slot x tile_rows + tile row``, ``decode.SplitTile.partial_row``); O (RQ, dim_v) out, row
     ``r = (b * Sq + t) * H + h`` per query; LSE (RQ,) fp32 out, the (B, H, Sq) lse flat; Sinks
@@ -39,6 +39,7 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
     CTAs per SM the build is bounded for (``__launch_bounds__``' second argument).  ``rows``:
     0 for R from ``rows_per_cta``, else R fixed at build time (the argument then unused): 1
     gives the one-row kernel's indices, uniform over the CTA (``decode.COMBINES``).
+    ``single_stored``: rows of a segment with one split are skipped (its worker stored them).
 
     R query rows per CTA.  Its threads split a row's columns in 4-wide chunks, and the CTA's
     ``groups = threads // (dim_v / 4)`` chunk groups are dealt to its rows, ``groups / R``
@@ -125,6 +126,10 @@ def combine_kernel(dim_v: int, dtype: str, has_sinks: bool, threads: int = 128, 
             first, count = segment_workers(seg, workers, segments)
             base = T.alloc_var(T.int32, init=(first + seg) * consumers)  # the segment's first slot
             num_splits = T.alloc_var(T.int32, init=count * consumers)
+            if single_stored:
+                # One split: the segment lay within one worker's share, which stored O and lse
+                # itself (``decode_ws``'s ``own_workers``; otherwise every combined row has 2+).
+                live = T.alloc_var(T.int32, init=T.if_then_else(num_splits > 1, live, 0))
             tile_rows = T.alloc_var(T.int32, init=T.min(group * seqlen_q, BLOCK_M))
             prow = T.alloc_var(T.int32, init=base * tile_rows + krow % BLOCK_M)  # split 0's partial row
             for e in T.unroll(4):

@@ -187,13 +187,15 @@ def part_count(args):
     return max_parts(num_splits, segment_count(SeqlensK.shape[0], Hkv, row_tile_count(H, Hkv, Sq)))
 
 
-def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers: int = 1):
+def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers: int = 1, whole: bool = False):
     """(SplitTile, live) of CTA ``c``'s part ``part`` of a decode grid of ``num_splits`` CTAs:
     ``schedule.split_part`` over the segments (entry, kv head, row tile; row tile fastest).
     ``args = (c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale,
     score_scale, cap_in)``, one tuple the macros pass on.  ``live`` is false for an empty part
     (its segment index is clamped, so nothing past the tensors is read).  The part's partials
-    go to slots ``(c + g) x consumers + w``."""
+    go to slots ``(c + g) x consumers + w``.  ``whole``: the tile also gets ``whole``, 1 when
+    the part is its whole segment (no other worker touches it: O and lse may be stored
+    directly, ``combine.py`` skips the segment's rows)."""
     c, num_splits, H, Hkv, Sq, SeqlensK, Leftpad, left, right, KDescale, score_scale, cap_in = args
     row_tiles = T.alloc_var(T.int32, init=row_tile_count(H, Hkv, Sq))[0]
     segments = T.alloc_var(T.int32, init=segment_count(SeqlensK.shape[0], Hkv, row_tiles))[0]
@@ -207,6 +209,8 @@ def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers:
     b = T.alloc_var(T.int32, init=b)[0]
     tile = SplitTile(row_tile, hk, b, H, Hkv, Sq, SeqlensK, Leftpad, left, right, (u0, u1, num_splits), block_n,
                      KDescale, score_scale, cap_in, fp8, has_softcap, slot=(c + seg) * consumers)
+    if whole:
+        tile.whole = T.alloc_var(T.int32, init=T.Cast(T.int32, T.And(u0 == 0, u1 == num_splits)))[0]
     return tile, T.And(seg < segments, u0 < u1)
 
 
@@ -523,6 +527,9 @@ CFG_OVERRIDE: dict | None = None
 FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
 PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks stream back to back
 WARP_MMA_ROWS = 16  # FP8 caches: a kv head's query rows (group x Sq) up to this take ``warp_mma`` consumers
+# ``warp_mma`` consumers as workers of their own (``decode_ws``'s ``own_workers``); the environment
+# switch lets the GPU suite run either schedule.
+OWN_WORKERS = os.environ.get("FLASHTILE_DECODE_OWN", "0") == "1"
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
@@ -609,6 +616,7 @@ class CombineBuild(NamedTuple):
     per_round: int
     rows: int
     min_ctas: int
+    single_stored: bool = False  # rows of one-split segments skipped (``decode_ws``'s ``own_workers`` stored them)
 
 
 # The combines after each decode kernel; a call takes the first whose one round holds its
@@ -662,9 +670,14 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool
     fp8 = "float8" in cache_dtype
     # developer switch ``warp_mma`` (0: the widening consumers for every FP8 cache)
     warp_mma = bool(override.pop("warp_mma", 1)) and fp8 and few_rows and supports(dim, dim_v)
+    # developer switch ``own_workers`` (each mma.sync consumer a worker of its own; 0: they share their CTA's parts)
+    own = bool(override.pop("own_workers", OWN_WORKERS)) and warp_mma
     combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode_ws"]
     cfg = {**ws_config(dim, dim_v, 1 if fp8 else 2, override.get("consumers", 0), warp_mma),
            "cache_dtype": cache_dtype, **override}
+    if own:
+        cfg["own_workers"] = True
+        combines = tuple(b._replace(single_stored=True) for b in combines)
     return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"], combines)
 
 
@@ -715,6 +728,8 @@ def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: 
     if requested > 0:
         return segments * max(1, requested // per)
     slots = sms * sched.ctas_per_sm
+    if sched.cfg.get("own_workers") and segments >= slots:
+        return whole_segment_ctas(segments, slots, per)
     if segments >= slots:
         persistent = n_blocks <= PERSISTENT_BLOCKS if FRACTIONAL is None else FRACTIONAL
         return slots if persistent else segments
@@ -723,6 +738,18 @@ def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: 
     if FRACTIONAL is not None:
         whole = not FRACTIONAL
     return segments * most if whole else max(segments, min(slots, segments * (n_blocks // (2 * per))))
+
+
+def whole_segment_ctas(segments: int, slots: int, per: int) -> int:
+    """``own_workers`` with at least as many segments as CTA slots: the most CTAs, at least 90%
+    of the slots, whose ``per`` workers each take a whole number of whole segments (B=32 8k,
+    B=64 4k and B=128 2k with 8 kv heads on 132 SMs: 128 CTAs, 256 workers of 1, 2 and 4
+    segments), so no segment is cut and no partial or combine runs; else every slot
+    (fractional shares, the cut segments combined)."""
+    for ctas in range(slots, -(-9 * slots // 10) - 1, -1):
+        if segments % (ctas * per) == 0:
+            return ctas
+    return slots
 
 
 def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
@@ -752,7 +779,10 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     n_blocks = -(-capacity // sched.cfg["block_n"])
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
-    if sched.consumers > 1:  # decode_ws: num_splits is the CTA count (``worker_count``)
+    if sched.cfg.get("own_workers"):  # decode_ws, each consumer its own worker: C workers per CTA
+        num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
+        consumers, workers = 1, num_splits * sched.consumers
+    elif sched.consumers > 1:  # decode_ws: num_splits is the CTA count (``worker_count``)
         consumers = sched.consumers
         workers = num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
     else:  # decode_kernel: num_splits uniform splits per segment
@@ -765,7 +795,9 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     else:
         score_scale, cap_in = softmax_scale * LOG2E, 0.0
     left, right = host_window(window)
-    combined = consumers > 1 or workers != segments  # else each CTA writes O/lse of its one whole segment
+    # Else each worker writes O/lse of its whole segments (one each for ``decode_kernel``).
+    combined = consumers > 1 or (workers != segments if not sched.cfg.get("own_workers")
+                                 else workers > segments or segments % workers != 0)
     if combined:  # slots c + g of the workers' parts (schedule), C consumers each
         rows_total = (workers + segments) * consumers * tile_rows
         opart = debug.new_output((rows_total, dv), torch.float32, dev)

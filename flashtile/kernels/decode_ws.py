@@ -160,6 +160,7 @@ def decode_ws_kernel(
     tma_box: int = 0,
     consumers: int = CONSUMERS,
     warp_mma: bool = False,
+    own_workers: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -188,7 +189,15 @@ def decode_ws_kernel(
     ``warp_mma`` (an FP8 cache; the launcher's choice for at most 16 query rows per kv head at
     d, d_v in {64, 128}): the consumers are ``warp_mma.py``'s -- no Q tile, no widened tiles,
     the raw ring 128-byte swizzled for their 16-byte loads, a merge buffer per consumer, the
-    tile's first 16 rows only."""
+    tile's first 16 rows only.
+
+    ``own_workers`` (with ``warp_mma``): each consumer is a worker of its own, the grid's
+    ``num_splits`` CTAs ``num_splits x C`` workers (consumer w of CTA c is worker ``c C + w``),
+    so a consumer runs whole parts (every block of its share of a segment) instead of every
+    C-th block of the CTA's parts: half the parts per consumer, and a segment that lies within
+    one worker's share is stored as O and lse directly (no partial, no combine).  Producer warp
+    w streams worker ``c C + w``'s blocks into consumer w's stages (one lane issues the TMA);
+    the producer's other warps idle."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
@@ -197,36 +206,52 @@ def decode_ws_kernel(
     box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
     assert block_n % box == 0 and consumers in REGS
     assert not warp_mma or (widen and block_n == wm.BLOCK_N and wm.supports(dim, dim_v))
+    assert not own_workers or warp_mma
     acc = T.float32
     producer_regs, consumer_regs = REGS[consumers]
     rows = consumers * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
     consumer_threads = consumers * 128
     wide = WIDE if widen else dtype  # the WGMMAs' operand type
-    per_row = 128 // block_n  # producer threads per key row (FP8 by-row copies)
     k_copies, v_copies = dim // per_copy, dim_v // per_copy  # 16-byte copies per row
     neg_inf = -T.infinity(acc)
     update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
     if warp_mma:
-        wm_state, wm_queries, wm_step, wm_merge = wm.warp_mma_macros(dim, dim_v, dtype, has_softcap, consumers)
+        wm_state, wm_queries, wm_step, wm_merge = wm.warp_mma_macros(dim, dim_v, dtype, has_softcap, consumers,
+                                                                     own_workers, has_sinks)
     _, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
 
     def consumer_blocks(tile, w):
         """Blocks of the part that consumer ``w`` runs: every C-th from the part's ``w``-th
-        (so counts never grow with ``w``, and the stream reads the part's blocks in order)."""
+        (so counts never grow with ``w``, and the stream reads the part's blocks in order);
+        with ``own_workers`` all of them (the part is the consumer's own)."""
+        if own_workers:
+            return tile.my_blocks
         return (tile.my_blocks - w + consumers - 1) // consumers
 
-    def consumer_counts(tile):
-        """Every consumer's ``consumer_blocks`` of the part, as registers."""
-        return [T.alloc_var(T.int32, init=consumer_blocks(tile, w))[0] for w in range(consumers)]
+    def consumer_counts(tile, serves):
+        """``consumer_blocks`` of the part for each consumer in ``serves``, as registers."""
+        return [T.alloc_var(T.int32, init=consumer_blocks(tile, w))[0] for w in serves]
 
     def key_block(tile, w, i):
         """Consumer ``w``'s ``i``-th key block of the part."""
+        if own_workers:
+            return tile.kb_first + i
         return tile.kb_first + w + consumers * i
 
     def part_tile(args, part):
         """(SplitTile, live) of CTA ``c``'s part ``part`` (``decode.part_tile``); its consumers'
-        partials: slots ``(c + g) C + w``."""
+        partials: slots ``(c + g) C + w``.  ``own_workers``: ``args`` are a worker's
+        (``worker_args``), its partials slot ``c + g``, and the tile says whether the part is
+        its whole segment."""
+        if own_workers:
+            return shared_part_tile(args, part, block_n, widen, has_softcap, 1, whole=True)
         return shared_part_tile(args, part, block_n, widen, has_softcap, consumers)
+
+    def worker_args(parts, w):
+        """``part_tile``'s arguments for consumer ``w``'s own worker (``own_workers``): worker
+        ``c C + w`` of ``num_splits x C``."""
+        c, num_splits = parts[:2]
+        return (c * consumers + w, num_splits * consumers, *parts[2:])
 
     per = num_stages // consumers  # ring stages of each consumer
 
@@ -269,25 +294,38 @@ def decode_ws_kernel(
                 T.ptx_cp_async(T.access_ptr(ring[st, r, col], "w", per_copy),
                                T.access_ptr(X[rows_s[u % 2, r], tile.hk, col], "r", per_copy), per_copy)
 
-    @T.macro
-    def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift):
-        """FP8 pages that TMA cannot take: each thread looks up one key row of block ``kb``
-        itself and copies its share."""
-        r = pt // per_row
-        sub = pt % per_row
-        j = T.alloc_var(T.int32, init=tile.key(kb * block_n + r))
-        pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
-        row = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, j, pg, page_size))
-        for c in T.serial(T.ceildiv(k_copies, per_row)):
-            if k_copies % per_row == 0 or sub + c * per_row < k_copies:
-                col = (sub + c * per_row) * per_copy
-                T.ptx_cp_async(T.access_ptr(k_ring[st, r, col], "w", per_copy),
-                               T.access_ptr(K[row, tile.hk, col], "r", per_copy), per_copy)
-        for c in T.serial(T.ceildiv(v_copies, per_row)):
-            if v_copies % per_row == 0 or sub + c * per_row < v_copies:
-                col = (sub + c * per_row) * per_copy
-                T.ptx_cp_async(T.access_ptr(v_ring[st, r, col], "w", per_copy),
-                               T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
+    def by_row_copies(threads: int):
+        """``issue_by_row`` for a producer of ``threads`` threads: a 128-thread warpgroup
+        (two threads a row at 64-key blocks), or one warp (``own_workers``: ``block_n / 32`` whole rows
+        a thread)."""
+        rows_per_pass = min(block_n, threads)
+        row_threads = threads // rows_per_pass
+
+        @T.macro
+        def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift):
+            """FP8 pages that TMA cannot take: each thread looks up its key rows of block ``kb``
+            itself and copies its share of them."""
+            for p in list(range(block_n // rows_per_pass)):  # unrolled in Python: one pass (a warpgroup) or more
+                if p == 0:
+                    r = pt // row_threads
+                else:
+                    r = p * rows_per_pass + pt // row_threads
+                sub = pt % row_threads
+                j = T.alloc_var(T.int32, init=tile.key(kb * block_n + r))
+                pg = T.alloc_var(T.int32, init=cache_page(j, page_size, page_shift))
+                row = T.alloc_var(T.int32, init=cache_row(BlockTable, tile.b, j, pg, page_size))
+                for c in T.serial(T.ceildiv(k_copies, row_threads)):
+                    if k_copies % row_threads == 0 or sub + c * row_threads < k_copies:
+                        col = (sub + c * row_threads) * per_copy
+                        T.ptx_cp_async(T.access_ptr(k_ring[st, r, col], "w", per_copy),
+                                       T.access_ptr(K[row, tile.hk, col], "r", per_copy), per_copy)
+                for c in T.serial(T.ceildiv(v_copies, row_threads)):
+                    if v_copies % row_threads == 0 or sub + c * row_threads < v_copies:
+                        col = (sub + c * row_threads) * per_copy
+                        T.ptx_cp_async(T.access_ptr(v_ring[st, r, col], "w", per_copy),
+                                       T.access_ptr(V[row, tile.hk, col], "r", per_copy), per_copy)
+
+        return issue_by_row
 
     @T.macro
     def tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box):
@@ -370,53 +408,63 @@ def decode_ws_kernel(
         (token ``j // group``, head ``hk group + j % group``)."""
         return (tile.b * Sq + j // tile.group) * H + tile.hk * tile.group + j % tile.group
 
-    @T.macro
-    def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, pt, page_size, page_shift):
-        """The producer's stream, part by part of the CTA's share (``part_tile``): round ``i``
-        takes block ``i`` of every consumer that has one (consumer order, so the part's blocks
-        in key order), each into its consumer's next stage (``stage``, counted over all
-        parts: ``issued``) once that consumer has released the stage's previous block, so each
-        consumer runs up to ``per`` blocks ahead.
+    def producer(serves: tuple, threads: int):
+        """``produce`` for the consumers ``serves`` by ``threads`` producer threads: all
+        consumers by the warpgroup (128), or (``own_workers``) one consumer by one warp (32)."""
+        issue_by_row = by_row_copies(threads)
 
-        FP8: only copies, one TMA box per block when every block sits on one page (a contiguous
-        cache, or pages of a multiple of ``block_n`` keys), boxes of ``box`` rows when the pages
-        are multiples of ``box`` (vLLM's 16), else by-row cp.async, each thread's arrival on the
-        stage's full barrier when its copies land; the consumer widens the stage.  (16-row
-        boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)  A 16-bit
-        cache: rows looked up, then warp-coalesced cp.async (``fetch``)."""
-        u = T.alloc_var(T.int32, init=0)  # blocks issued so far (``fetch``'s row-table buffer)
-        issued = T.alloc_local([consumers], T.int32)  # per consumer: blocks of earlier parts
-        for w in T.unroll(consumers):
-            issued[w] = 0
-        rows_r = T.alloc_local([block_n // box], T.int32)  # the next block's TMA box rows (``tma_rows``)
-        for part in T.serial(part_count(parts)):
-            tile, live = part_tile(parts, part)
-            if live:
-                counts = consumer_counts(tile)
-                for i in T.serial(counts[0]):
-                    for w, count in enumerate(counts):  # unrolled in Python (TileLang turns ``range`` into a loop)
-                        if i < count:
-                            st = stage(w, issued[w] + i)
-                            kb = T.alloc_var(T.int32, init=key_block(tile, w, i))
-                            if widen:  # the table lookups before the wait
-                                if whole_block_box(page_size, page_shift):
-                                    tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
+        @T.macro
+        def produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, pt, page_size, page_shift):
+            """The producer's stream, part by part of the CTA's share (``part_tile``): round ``i``
+            takes block ``i`` of every consumer that has one (consumer order, so the part's blocks
+            in key order), each into its consumer's next stage (``stage``, counted over all
+            parts: ``issued``) once that consumer has released the stage's previous block, so each
+            consumer runs up to ``per`` blocks ahead.
+
+            FP8: only copies, one TMA box per block when every block sits on one page (a contiguous
+            cache, or pages of a multiple of ``block_n`` keys), boxes of ``box`` rows when the pages
+            are multiples of ``box`` (vLLM's 16), else by-row cp.async, each thread's arrival on the
+            stage's full barrier when its copies land; the consumer widens the stage.  (16-row
+            boxes for every page size cost contiguous caches 2-3% on the H100: NOTES.)  A 16-bit
+            cache: rows looked up, then warp-coalesced cp.async (``fetch``)."""
+            u = T.alloc_var(T.int32, init=0)  # blocks issued so far (``fetch``'s row-table buffer)
+            issued = T.alloc_local([len(serves)], T.int32)  # per consumer: blocks of earlier parts
+            for w in T.unroll(len(serves)):
+                issued[w] = 0
+            rows_r = T.alloc_local([block_n // box], T.int32)  # the next block's TMA box rows (``tma_rows``)
+            for part in T.serial(part_count(parts)):
+                tile, live = part_tile(parts, part)
+                if live:
+                    counts = consumer_counts(tile, serves)
+                    for i in T.serial(counts[0]):
+                        for k, (w, count) in enumerate(zip(serves, counts)):  # unrolled in Python (TileLang turns ``range`` into a loop)
+                            if i < count:
+                                st = stage(w, issued[k] + i)
+                                kb = T.alloc_var(T.int32, init=key_block(tile, w, i))
+                                if widen:  # the table lookups before the wait
+                                    if whole_block_box(page_size, page_shift):
+                                        tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
+                                    elif page_boxes(page_size):
+                                        tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
+                                T.barrier_wait(empty[st], phase(issued[k] + i) ^ 1)  # a fresh barrier passes parity 1
+                                if not widen:
+                                    fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
+                                    T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
+                                elif whole_block_box(page_size, page_shift):
+                                    tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
                                 elif page_boxes(page_size):
-                                    tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
-                            T.barrier_wait(empty[st], phase(issued[w] + i) ^ 1)  # a fresh barrier passes parity 1
-                            if not widen:
-                                fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
-                                T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
-                            elif whole_block_box(page_size, page_shift):
-                                tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, block_n)
-                            elif page_boxes(page_size):
-                                tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
-                            else:
-                                issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
-                                T.cp_async_barrier_noinc(full[st])
-                            u += 1
-                for w, count in enumerate(counts):
-                    issued[w] = issued[w] + count
+                                    tma_issue(K, V, k_ring, v_ring, full, rows_r, tile, st, box)
+                                else:
+                                    issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift)
+                                    T.cp_async_barrier_noinc(full[st])
+                                u += 1
+                    for k, count in enumerate(counts):
+                        issued[k] = issued[k] + count
+
+        return produce
+
+    produce = producer(tuple(range(consumers)), 128)
+    own_produce = [producer((w,), 32) for w in range(consumers)] if own_workers else []
 
     @T.macro
     def clear_my_queries(q_s, wg, ct):
@@ -476,9 +524,9 @@ def decode_ws_kernel(
                 tok_s, head_s, _ = row_tables(rows)  # tok_s: the mask's rows (head_s: sinks, read by the direct store only)
                 s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(rows, block_n, dim_v, wide)
             # Ring stage ``stage(w, i)`` holds consumer w's block i: full after the producer's
-            # 128 arrivals (and its TMA bytes), empty once the block's consumer has widened it
-            # (FP8) or its GEMMs have read it (a 16-bit cache).
-            full = T.alloc_barrier(arrive_count=[128] * num_stages)
+            # 128 arrivals (its warp's 32 with ``own_workers``) and its TMA bytes, empty once the
+            # block's consumer has widened it (FP8) or its GEMMs have read it (a 16-bit cache).
+            full = T.alloc_barrier(arrive_count=[32 if own_workers else 128] * num_stages)
             empty = T.alloc_barrier(arrive_count=[128] * num_stages)
 
             tx = T.get_thread_binding()
@@ -488,11 +536,19 @@ def decode_ws_kernel(
             T.sync_threads()  # the barriers' initialisation, for every thread (no sync pass here)
             if tx >= consumer_threads:  # producer (a condition on the thread index: TileLang lays the fragments out over the consumers)
                 T.set_max_nreg(producer_regs, 0)
-                produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx - consumer_threads, page_size,
-                        page_shift)
+                if own_workers:  # warp w streams consumer w's worker (an exact 32-thread range: TMA's elected lane is the warp's)
+                    for w in wm.unrolled(consumers):
+                        if T.And(tx >= consumer_threads + 32 * w, tx < consumer_threads + 32 * (w + 1)):
+                            own_produce[w](K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, worker_args(parts, w),
+                                           tx % 32, page_size, page_shift)
+                else:
+                    produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx - consumer_threads,
+                            page_size, page_shift)
             elif warp_mma:  # consumer warpgroups of four mma.sync warps (``warp_mma``)
                 T.set_max_nreg(consumer_regs, 1)
                 done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
+                if own_workers:
+                    parts = worker_args(parts, wg)
                 for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part)
                     if live:
@@ -504,7 +560,10 @@ def decode_ws_kernel(
                             st = T.alloc_var(T.int32, init=stage(wg, done + i))
                             T.barrier_wait(full[st], phase(done + i))
                             wm_step(regs, k_ring, v_ring, empty, tile, st, key_block(tile, wg, i), tx % 128, two_halves)
-                        wm_merge(regs, Opart, LSEpart, tile, wg, tx % 128, out_scale, CONSUMER_SYNC + wg)
+                        if own_workers:
+                            wm_merge(regs, Opart, LSEpart, tile, wg, tx % 128, out_scale, CONSUMER_SYNC + wg, O, LSE, Sinks)
+                        else:
+                            wm_merge(regs, Opart, LSEpart, tile, wg, tx % 128, out_scale, CONSUMER_SYNC + wg)
                         done += mine
             else:  # consumer warpgroups: every C-th block of each part, from the wg-th
                 T.set_max_nreg(consumer_regs, 1)

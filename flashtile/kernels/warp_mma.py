@@ -40,7 +40,7 @@ import tilelang.language as T
 
 from .decode import BLOCK_M, WARP_MMA_ROWS as MAX_ROWS
 from .masks import block_fully_visible, visible
-from .softmax import natural_lse, rescale_factor, scaled_max
+from .softmax import LOG2E, natural_lse, rescale_factor, scaled_max
 
 assert MAX_ROWS == 16  # query rows of a tile the warp fragments hold: one m16 tile
 WARPS = 4  # warps of a consumer warpgroup, each taking a quarter of every key block
@@ -135,13 +135,16 @@ def merge_column(fpt: int, w, h: int, t, y: int):
     return 16 * (fpt * w // 2 + h) + 4 * t + y
 
 
-def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consumers: int):
+def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consumers: int, direct: bool = False,
+                    has_sinks: bool = False):
     """(state, load_queries, step, merge_store) macros of one consumer thread.
 
     ``state()`` allocates the thread's registers and the merge buffer; ``load_queries`` fills
     Q's fragments for a part and resets the running statistics; ``step`` runs one key block
     from raw stage ``st`` (releasing the stage once its bytes are in registers);
-    ``merge_store`` merges the consumer's four warps and writes its partial."""
+    ``merge_store`` merges the consumer's four warps and writes its partial, or with
+    ``direct`` (each consumer its own worker: ``decode_ws``'s ``own_workers``) O and lse
+    themselves when the part is its whole segment (``tile.whole``; the sink folded in here)."""
     acc = T.float32
     neg_inf = -T.infinity(acc)
     kc_n = dim // 16  # k-chunks of Q K^T
@@ -290,8 +293,22 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
 
     fpt = fn_n // WARPS  # n-tiles of O each thread merges (``merge_store``)
 
+    def merged(part, f, scale, h, y, hr):
+        """``merge_store``'s output value at ``merge_source(h, y, hr)``: the four warps' values
+        (``part``) by their weights ``f``, scaled."""
+        j, e = merge_source(h, y, hr)
+        return (part[(0 * fpt + j) * 4 + e] * f[hr * WARPS + 0]
+                + part[(1 * fpt + j) * 4 + e] * f[hr * WARPS + 1]
+                + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
+                + part[(3 * fpt + j) * 4 + e] * f[hr * WARPS + 3]) * scale[hr]
+
+    def partial_wanted(tile):
+        """Whether ``merge_store`` writes the part's partial: always, or with ``direct`` when
+        the part is not its whole segment (a TIR condition; a Python bool is a static branch)."""
+        return tile.whole == 0 if direct else True
+
     @T.macro
-    def merge_store(st_, Opart, LSEpart, tile, wg, ct, out_scale, bar):
+    def merge_store(st_, Opart, LSEpart, tile, wg, ct, out_scale, bar, O=None, LSE=None, Sinks=None):
         """The four warps' (m, l, O) of the part merged into consumer ``wg``'s partial
         (``softmax.finish`` without sink: O normalised and scaled by ``out_scale``, lse in
         natural log, 0 / -inf for a row that saw no key), real rows only.  ``bar`` is the
@@ -334,24 +351,38 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             for x in unrolled(WARPS):
                 f[hr * WARPS + x] = T.exp2(st_.ml[wg, x, 0, r] * tile.sc - top_safe[hr])
                 total[hr] += f[hr * WARPS + x] * st_.ml[wg, x, 1, r]
+            if direct and has_sinks:
+                if tile.whole == 1:  # the row's sink joins its weights (else the combine adds it)
+                    sink2 = T.alloc_var(acc, init=Sinks[tile.hk * tile.group + (tile.r0 + r) % tile.group] * LOG2E)
+                    ref = T.alloc_var(acc, init=T.max(top_safe[hr], sink2))  # finite: top_safe is
+                    shift = T.alloc_var(acc, init=T.exp2(top_safe[hr] - ref))
+                    for x in unrolled(WARPS):
+                        f[hr * WARPS + x] = f[hr * WARPS + x] * shift
+                    total[hr] = total[hr] * shift + T.exp2(sink2 - ref)
+                    top_safe[hr] = ref
             scale[hr] = T.if_then_else(total[hr] > 0, out_scale / total[hr], 0.0)
         part = T.alloc_local([WARPS * fpt * 4], acc)  # warp x's values, n-tile fpt w + j, position e
         for x in unrolled(WARPS):
             for j in unrolled(fpt):
                 for e in T.vectorized(4):
                     part[(x * fpt + j) * 4 + e] = st_.mo[wg, x, fpt * w + j, ln * 4 + e]
+
         for hr in unrolled(2):
             if tile.r0 + g + 8 * hr < tile.rows:
-                prow = T.alloc_var(T.int32, init=tile.partial_row(wg * BLOCK_M + g + 8 * hr))
-                for h in unrolled(fpt // 2):
-                    for y in unrolled(4):
-                        j, e = merge_source(h, y, hr)
-                        Opart[prow, merge_column(fpt, w, h, t, y)] = (
-                            part[(0 * fpt + j) * 4 + e] * f[hr * WARPS + 0]
-                            + part[(1 * fpt + j) * 4 + e] * f[hr * WARPS + 1]
-                            + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
-                            + part[(3 * fpt + j) * 4 + e] * f[hr * WARPS + 3]) * scale[hr]
-                if w == 0 and t == 0:
-                    LSEpart[prow] = natural_lse(total[hr], top_safe[hr])
+                if direct:
+                    if tile.whole == 1:
+                        orow = T.alloc_var(T.int32, init=tile.out_row(g + 8 * hr))
+                        for h in unrolled(fpt // 2):
+                            for y in unrolled(4):
+                                O[orow, merge_column(fpt, w, h, t, y)] = T.cast(merged(part, f, scale, h, y, hr), dtype)
+                        if w == 0 and t == 0:
+                            LSE[tile.lse_row(g + 8 * hr)] = natural_lse(total[hr], top_safe[hr])
+                if partial_wanted(tile):
+                    prow = T.alloc_var(T.int32, init=tile.partial_row(wg * BLOCK_M + g + 8 * hr))
+                    for h in unrolled(fpt // 2):
+                        for y in unrolled(4):
+                            Opart[prow, merge_column(fpt, w, h, t, y)] = merged(part, f, scale, h, y, hr)
+                    if w == 0 and t == 0:
+                        LSEpart[prow] = natural_lse(total[hr], top_safe[hr])
 
     return State, load_queries, step, merge_store
