@@ -522,8 +522,14 @@ def test_own_workers_take_whole_segments_when_they_divide():
     combine), else one CTA per SM; fewer segments keep the shared schedule's CTA counts."""
     from flashtile.kernels.decode import whole_segment_ctas, worker_count
 
+    from flashtile.kernels import decode as dm
+
     sched = own_workers_schedule()
     assert sched.cfg["own_workers"] and sched.consumers == 2
+    if dm.OWN_WORKERS == "auto":  # the default: own workers for calls of as many segments as SMs
+        assert dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 4, many_segments=True) == sched
+        assert not dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 4).cfg.get("own_workers")
+        assert not dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 32, many_segments=True).cfg.get("own_workers")
     assert all(b.single_stored for b in sched.combines)
     for segments in (256, 512, 1024, 2048):
         assert worker_count(0, segments, 32, 132, sched) == 128, segments

@@ -527,9 +527,10 @@ CFG_OVERRIDE: dict | None = None
 FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
 PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks stream back to back
 WARP_MMA_ROWS = 16  # FP8 caches: a kv head's query rows (group x Sq) up to this take ``warp_mma`` consumers
-# ``warp_mma`` consumers as workers of their own (``decode_ws``'s ``own_workers``); the environment
-# switch lets the GPU suite run either schedule.
-OWN_WORKERS = os.environ.get("FLASHTILE_DECODE_OWN", "0") == "1"
+# ``warp_mma`` consumers as workers of their own (``decode_ws``'s ``own_workers``) for calls with
+# at least as many segments as SMs ("auto"; measured in NOTES, nineteenth session); "1" for every
+# call, "0" for none (the environment switch lets the GPU suite run either schedule everywhere).
+OWN_WORKERS = os.environ.get("FLASHTILE_DECODE_OWN", "auto")
 
 
 def decode_config(dim: int, dim_v: int) -> dict:
@@ -595,17 +596,21 @@ class Schedule(NamedTuple):
     combines: tuple
 
 
-def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None, rows: int = 1) -> Schedule:
+def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None, rows: int = 1,
+                    many_segments: bool = False) -> Schedule:
     """``decode_kernel`` for a cache in q's dtype; ``decode_ws.decode_ws_kernel``
     (warp-specialised: a producer and two or three consumer warpgroups, one CTA per SM) for an
     FP8 cache, its consumers on warp-level mma.sync (``warp_mma``) when a kv head's query rows
-    (``rows`` = group x Sq) fit one 16-row fragment and the head dims are 64 or 128.  All take
-    the same kernel arguments.  On every call's host path: memoised."""
+    (``rows`` = group x Sq) fit one 16-row fragment and the head dims are 64 or 128, each of
+    them a worker of its own (``own_workers``) when the call has at least as many segments as
+    SMs (``many_segments``).  All take the same kernel arguments.  On every call's host path:
+    memoised."""
     if cache_dtype == dtype:
         cache_dtype = None
+    own = OWN_WORKERS == "1" or (OWN_WORKERS == "auto" and many_segments)
     # The developer switches are part of the key (the bench and the sweep set them between calls).
     return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())),
-                     rows <= WARP_MMA_ROWS)
+                     rows <= WARP_MMA_ROWS, own)
 
 
 class CombineBuild(NamedTuple):
@@ -656,7 +661,7 @@ def rows_per_cta(dim_v: int, max_splits: int, per_round: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool = True) -> Schedule:
+def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool = True, own: bool = False) -> Schedule:
     override = dict(override)
     forced = override.pop("combine_round", 0)  # developer switch: one combine, this round, rows per call
     if cache_dtype is None and not ws_16bit:
@@ -670,8 +675,8 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool
     fp8 = "float8" in cache_dtype
     # developer switch ``warp_mma`` (0: the widening consumers for every FP8 cache)
     warp_mma = bool(override.pop("warp_mma", 1)) and fp8 and few_rows and supports(dim, dim_v)
-    # developer switch ``own_workers`` (each mma.sync consumer a worker of its own; 0: they share their CTA's parts)
-    own = bool(override.pop("own_workers", OWN_WORKERS)) and warp_mma
+    # developer switch ``own_workers`` (1: each mma.sync consumer a worker of its own; 0: they share their CTA's parts)
+    own = bool(override.pop("own_workers", own)) and warp_mma
     combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode_ws"]
     cfg = {**ws_config(dim, dim_v, 1 if fp8 else 2, override.get("consumers", 0), warp_mma),
            "cache_dtype": cache_dtype, **override}
@@ -682,14 +687,15 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
-                       cache_dtype: str | None = None, sched: Schedule | None = None, rows: int = 1):
+                       cache_dtype: str | None = None, sched: Schedule | None = None, rows: int = 1,
+                       many_segments: bool = False):
     """(decode, combine, ...) compiled for one static structure (``cache_dtype``: None, or
-    ``"float8_e4m3fn"`` for an FP8 cache; ``rows``: a kv head's query rows, which pick the FP8
-    schedule; ``sched``: its ``decode_schedule`` when the caller has it): the decode kernel,
-    then one combine kernel per ``sched.combines``."""
+    ``"float8_e4m3fn"`` for an FP8 cache; ``rows``: a kv head's query rows, and
+    ``many_segments``, which pick the FP8 schedule; ``sched``: its ``decode_schedule`` when
+    the caller has it): the decode kernel, then one combine kernel per ``sched.combines``."""
     from . import cache
 
-    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype, rows)
+    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype, rows, many_segments)
     decode = cache.get(sched.kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
                        has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
@@ -771,14 +777,14 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     fp8 = k_cache.dtype != q.dtype
     dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
-    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq)
+    row_tiles = -(-(h // hkv) * sq // BLOCK_M)
+    segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
+    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, segments >= target.sm_count(dev))
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),
                                        lambda: (sched, *get_decode_kernels(*structure, sched)))
     capacity = k_cache.shape[1] * table.shape[1]
     n_blocks = -(-capacity // sched.cfg["block_n"])
-    row_tiles = -(-(h // hkv) * sq // BLOCK_M)
-    segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
     if sched.cfg.get("own_workers"):  # decode_ws, each consumer its own worker: C workers per CTA
         num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
         consumers, workers = 1, num_splits * sched.consumers

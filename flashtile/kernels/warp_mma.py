@@ -302,6 +302,12 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                 + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
                 + part[(3 * fpt + j) * 4 + e] * f[hr * WARPS + 3]) * scale[hr]
 
+    def slot_row(wg, g, hr):
+        """``SplitTile.partial_row``'s argument for row g + 8 hr of consumer ``wg``: its own
+        slot ``slot + wg`` of the CTA's part, or (``direct``: the consumer a worker of its own,
+        whose part has a slot of its own) the tile's slot."""
+        return g + 8 * hr if direct else wg * BLOCK_M + g + 8 * hr
+
     def partial_wanted(tile):
         """Whether ``merge_store`` writes the part's partial: always, or with ``direct`` when
         the part is not its whole segment (a TIR condition; a Python bool is a static branch)."""
@@ -378,7 +384,7 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                         if w == 0 and t == 0:
                             LSE[tile.lse_row(g + 8 * hr)] = natural_lse(total[hr], top_safe[hr])
                 if partial_wanted(tile):
-                    prow = T.alloc_var(T.int32, init=tile.partial_row(wg * BLOCK_M + g + 8 * hr))
+                    prow = T.alloc_var(T.int32, init=tile.partial_row(slot_row(wg, g, hr)))
                     for h in unrolled(fpt // 2):
                         for y in unrolled(4):
                             Opart[prow, merge_column(fpt, w, h, t, y)] = merged(part, f, scale, h, y, hr)
