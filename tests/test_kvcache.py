@@ -537,6 +537,11 @@ def test_own_workers_take_whole_segments_when_they_divide():
     assert worker_count(0, 1056, 32, 132, sched) == 132  # 264 workers of exactly 4 segments
     assert worker_count(0, 64, 512, 132, sched) == 128  # B=8 32k: as the shared schedule
     assert worker_count(0, 8, 512, 132, sched) == 128
+    # Which calls take them (``own_workers_pay``): the cases at 8 kv heads, 132 SMs.
+    pays = {(b, keys): dm.own_workers_pay(8 * b, -(-keys // 64), 132)
+            for b, keys in ((1, 8192), (8, 32768), (12, 32768), (20, 32768), (32, 8192), (64, 4096), (128, 2048),
+                            (64, 32768))}
+    assert [k for k, v in pays.items() if v] == [(20, 32768), (32, 8192), (64, 4096), (128, 2048)]
     for segments in range(132, 3000, 7):
         ctas = whole_segment_ctas(segments, 132, 2)
         assert ctas == 132 or (ctas >= 119 and segments % (2 * ctas) == 0), (segments, ctas)

@@ -526,6 +526,8 @@ WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
 CFG_OVERRIDE: dict | None = None
 FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
 PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks stream back to back
+OWN_WORKER_BLOCKS = 256  # FP8 cache, many segments: own workers for segments of at most this many blocks
+WARP_MMA_BLOCK_N = 64  # ``warp_mma.BLOCK_N`` (that module imports this one): the block of ``own_workers_pay``
 WARP_MMA_ROWS = 16  # FP8 caches: a kv head's query rows (group x Sq) up to this take ``warp_mma`` consumers
 # ``warp_mma`` consumers as workers of their own (``decode_ws``'s ``own_workers``) for calls with
 # at least as many segments as SMs ("auto"; measured in NOTES, nineteenth session); "1" for every
@@ -746,6 +748,21 @@ def worker_count(requested: int, segments: int, n_blocks: int, sms: int, sched: 
     return segments * most if whole else max(segments, min(slots, segments * (n_blocks // (2 * per))))
 
 
+def own_workers_pay(segments: int, n_blocks: int, sms: int) -> bool:
+    """Whether a call's ``warp_mma`` consumers run as workers of their own (``decode_schedule``'s
+    ``many_segments``): at least as many segments as SMs, and either short ones (at most
+    ``OWN_WORKER_BLOCKS`` key blocks: the shared schedule's CTAs pay a merge, a partial and the
+    combine per part, which whole segments per worker avoid) or a count the shared schedule's
+    one CTA per segment runs in badly filled waves (under 90%).  (The 256-block bound lies
+    between the measured gain at 132 blocks and loss at 516; not measured in between.)  Measured on an H100, FP8 cache (NOTES, nineteenth
+    session), shared -> own: B=128 2k 209.6 -> 194.4 us, B=64 4k 200.5 -> 192.3, B=32 8k 188.9 ->
+    179.6, B=20 32k (160 segments in 1.2 waves) 540.6 -> 471.5; but B=64 32k (3.9 waves) 1407.5 ->
+    1466.7, B=8 32k 182.0 -> 185.0 and B=1 8k 12.0 -> 12.8, which keep the shared schedule."""
+    if segments < sms:
+        return False
+    return n_blocks <= OWN_WORKER_BLOCKS or segments / (-(-segments // sms) * sms) < 0.9
+
+
 def whole_segment_ctas(segments: int, slots: int, per: int) -> int:
     """``own_workers`` with at least as many segments as CTA slots: the most CTAs, at least 90%
     of the slots, whose ``per`` workers each take a whole number of whole segments (B=32 8k,
@@ -779,11 +796,12 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
-    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, segments >= target.sm_count(dev))
+    capacity = k_cache.shape[1] * table.shape[1]
+    many = own_workers_pay(segments, -(-capacity // WARP_MMA_BLOCK_N), target.sm_count(dev))
+    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many)
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),
                                        lambda: (sched, *get_decode_kernels(*structure, sched)))
-    capacity = k_cache.shape[1] * table.shape[1]
     n_blocks = -(-capacity // sched.cfg["block_n"])
     if sched.cfg.get("own_workers"):  # decode_ws, each consumer its own worker: C workers per CTA
         num_splits = worker_count(num_splits, segments, n_blocks, target.sm_count(dev), sched)
