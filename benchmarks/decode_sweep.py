@@ -8,7 +8,8 @@
 Each variant (``decode.CFG_OVERRIDE``: parameters of whichever schedule runs, ``decode_kernel``
 for a bf16 cache, ``decode_ws.decode_ws_kernel`` with ``--fp8``) times flash_attn_with_kvcache
 graph-replayed on the cases (``B:L:sq:layout``, the shapes of flashtile/bench_decode.py: bf16 q,
-32/8 heads, d = 128, causal, ``L + 256`` cache rows; layout contig, page16 or page256), checks
+32/8 heads, d = 128, causal, ``L + 256`` cache rows; layout contig, page16 or page256, the pages
+scattered by a shuffled block table, or e.g. page16-ordered: the identity table), checks
 the output against the first variant's and prints µs, % of the read bandwidth measured in the
 same run, and (``--fp8``) the speed-up over the bf16 cache.  ``--precompile`` builds the
 variants (no GPU needed).  ``num_splits`` is not a tile parameter but the call's own argument
@@ -69,13 +70,14 @@ def main(argv=None) -> int:
         vc = torch.randn_like(kc)
         q = torch.randn(B, sq, H, D, device="cuda", dtype=DT)
         seqlens = torch.full((B,), L, dtype=torch.int32, device="cuda")
-        page = dict(LAYOUTS)[layout]
+        ordered = layout.endswith("-ordered")  # e.g. page16-ordered: the identity block table
+        page = dict(LAYOUTS)[layout.removesuffix("-ordered")]
         t16 = None
         if args.fp8:
-            kcache, vcache, kw = as_layout(kc, vc, page)
+            kcache, vcache, kw = as_layout(kc, vc, page, ordered)
             t16 = bench_graph(lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True, **kw))
             (kc, kd), (vc, vd) = quantize_cache(kc), quantize_cache(vc)
-        kcache, vcache, kw = as_layout(kc, vc, page)
+        kcache, vcache, kw = as_layout(kc, vc, page, ordered)
         if args.fp8:
             kw.update(k_descale=kd, v_descale=vd)
         nbytes = 2 * B * L * HKV * D * kc.element_size()

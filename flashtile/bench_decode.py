@@ -51,15 +51,18 @@ QUICK = [(1, 8192), (8, 32768)]
 LAYOUTS = (("contig", None), ("page16", 16), ("page256", 256))
 
 
-def as_layout(kc, vc, page):
+def as_layout(kc, vc, page, ordered: bool = False):
     """The contiguous caches (B, cap, Hkv, D) as flash_attn_with_kvcache's arguments for one
     layout: themselves (page None), or the same memory as pages of ``page`` rows with a shuffled
-    block table (pages scattered).  Returns (k_cache, v_cache, extra kwargs)."""
+    block table (pages scattered; ``ordered``: the identity table, the pages in memory order,
+    which separates the page lookups' cost from the scatter's).  Returns (k_cache, v_cache,
+    extra kwargs)."""
     if page is None:
         return kc, vc, {}
     B, cap = kc.shape[:2]
     nb = cap // page
-    perm = torch.randperm(B * nb, device=kc.device).to(torch.int32)
+    perm = torch.arange(B * nb, device=kc.device, dtype=torch.int32) if ordered else \
+        torch.randperm(B * nb, device=kc.device).to(torch.int32)
     return kc.view(B * nb, page, *kc.shape[2:]), vc.view(B * nb, page, *vc.shape[2:]), {"block_table": perm.view(B, nb)}
 
 
