@@ -753,11 +753,12 @@ def own_workers_pay(segments: int, n_blocks: int, sms: int) -> bool:
     ``many_segments``): at least as many segments as SMs, and either short ones (at most
     ``OWN_WORKER_BLOCKS`` key blocks: the shared schedule's CTAs pay a merge, a partial and the
     combine per part, which whole segments per worker avoid) or a count the shared schedule's
-    one CTA per segment runs in badly filled waves (under 90%).  (The 256-block bound lies
-    between the measured gain at 132 blocks and loss at 516; not measured in between.)  Measured on an H100, FP8 cache (NOTES, nineteenth
-    session), shared -> own: B=128 2k 209.6 -> 194.4 us, B=64 4k 200.5 -> 192.3, B=32 8k 188.9 ->
-    179.6, B=20 32k (160 segments in 1.2 waves) 540.6 -> 471.5; but B=64 32k (3.9 waves) 1407.5 ->
-    1466.7, B=8 32k 182.0 -> 185.0 and B=1 8k 12.0 -> 12.8, which keep the shared schedule."""
+    one CTA per segment runs in badly filled waves (under 90%).  Measured on an H100, FP8 cache
+    (NOTES, nineteenth session), shared -> own: B=128 2k 209.6 -> 194.4 us, B=64 4k 200.5 ->
+    192.3, B=32 8k 188.9 -> 179.6, B=20 32k (160 segments in 1.2 waves) 540.6 -> 471.5; but B=64
+    32k (3.9 waves) 1407.5 -> 1466.7, B=8 32k 182.0 -> 185.0 and B=1 8k 12.0 -> 12.8, which keep
+    the shared schedule.  (The 256-block bound lies between the gain at 132 blocks and the loss
+    at 516; nothing in between was measured.)"""
     if segments < sms:
         return False
     return n_blocks <= OWN_WORKER_BLOCKS or segments / (-(-segments // sms) * sms) < 0.9
@@ -797,7 +798,7 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
     capacity = k_cache.shape[1] * table.shape[1]
-    many = own_workers_pay(segments, -(-capacity // WARP_MMA_BLOCK_N), target.sm_count(dev))
+    many = fp8 and own_workers_pay(segments, -(-capacity // WARP_MMA_BLOCK_N), target.sm_count(dev))
     sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many)
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),

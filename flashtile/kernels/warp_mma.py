@@ -38,7 +38,7 @@ import math
 
 import tilelang.language as T
 
-from .decode import BLOCK_M, WARP_MMA_ROWS as MAX_ROWS
+from .decode import BLOCK_M, WARP_MMA_BLOCK_N, WARP_MMA_ROWS as MAX_ROWS
 from .masks import block_fully_visible, visible
 from .softmax import LOG2E, natural_lse, rescale_factor, scaled_max
 
@@ -46,6 +46,7 @@ assert MAX_ROWS == 16  # query rows of a tile the warp fragments hold: one m16 t
 WARPS = 4  # warps of a consumer warpgroup, each taking a quarter of every key block
 SLICE = 16  # keys per warp per block: BLOCK_N = WARPS x SLICE
 BLOCK_N = WARPS * SLICE
+assert BLOCK_N == WARP_MMA_BLOCK_N  # the launcher's block for ``decode.own_workers_pay`` (it cannot import this module)
 HALF = "float16"
 CVT = "flashtile_e4m3x2_to_half2"  # ``CVT_SOURCE``: two e4m3 bytes (low half of a word) -> half2, exact
 CVT_SOURCE = r"""
