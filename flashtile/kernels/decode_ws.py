@@ -161,6 +161,7 @@ def decode_ws_kernel(
     consumers: int = CONSUMERS,
     warp_mma: bool = False,
     own_workers: bool = False,
+    split_producer: bool = False,
 ):
     """Build the PrimFunc: arguments as ``decode.decode_prim_func``'s, with K and V in
     ``cache_dtype`` and KDescale / VDescale (B, Hkv) read when it is FP8, and ``num_splits``
@@ -197,7 +198,10 @@ def decode_ws_kernel(
     C-th block of the CTA's parts: half the parts per consumer, and a segment that lies within
     one worker's share is stored as O and lse directly (no partial, no combine).  Producer warp
     w streams worker ``c C + w``'s blocks into consumer w's stages (one lane issues the TMA);
-    the producer's other warps idle."""
+    the producer's other warps idle.  ``split_producer`` (developer switch, staged in the
+    nineteenth session and not yet run on a GPU: NOTES): the same producer warps for the shared
+    parts (warp w issues consumer w's every C-th block), so one thread's lookups and TMA issues
+    per block no longer serialise both consumers' streams."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
@@ -207,6 +211,8 @@ def decode_ws_kernel(
     assert block_n % box == 0 and consumers in REGS
     assert not warp_mma or (widen and block_n == wm.BLOCK_N and wm.supports(dim, dim_v))
     assert not own_workers or warp_mma
+    assert not split_producer or widen, "16-bit caches' copies need the whole producer warpgroup (``fetch``)"
+    per_warp = own_workers or split_producer  # one producer warp per consumer
     acc = T.float32
     producer_regs, consumer_regs = REGS[consumers]
     rows = consumers * BLOCK_M  # consumer warpgroup w holds rows 64w .. 64w + 63: the tile's 64 query rows
@@ -464,7 +470,7 @@ def decode_ws_kernel(
         return produce
 
     produce = producer(tuple(range(consumers)), 128)
-    own_produce = [producer((w,), 32) for w in range(consumers)] if own_workers else []
+    warp_produce = [producer((w,), 32) for w in range(consumers)] if per_warp else []
 
     @T.macro
     def clear_my_queries(q_s, wg, ct):
@@ -526,7 +532,7 @@ def decode_ws_kernel(
             # Ring stage ``stage(w, i)`` holds consumer w's block i: full after the producer's
             # 128 arrivals (its warp's 32 with ``own_workers``) and its TMA bytes, empty once the
             # block's consumer has widened it (FP8) or its GEMMs have read it (a 16-bit cache).
-            full = T.alloc_barrier(arrive_count=[32 if own_workers else 128] * num_stages)
+            full = T.alloc_barrier(arrive_count=[32 if per_warp else 128] * num_stages)
             empty = T.alloc_barrier(arrive_count=[128] * num_stages)
 
             tx = T.get_thread_binding()
@@ -536,11 +542,15 @@ def decode_ws_kernel(
             T.sync_threads()  # the barriers' initialisation, for every thread (no sync pass here)
             if tx >= consumer_threads:  # producer (a condition on the thread index: TileLang lays the fragments out over the consumers)
                 T.set_max_nreg(producer_regs, 0)
-                if own_workers:  # warp w streams consumer w's worker (an exact 32-thread range: TMA's elected lane is the warp's)
+                if per_warp:  # warp w streams consumer w's blocks (an exact 32-thread range: TMA's elected lane is the warp's)
                     for w in wm.unrolled(consumers):
                         if T.And(tx >= consumer_threads + 32 * w, tx < consumer_threads + 32 * (w + 1)):
-                            own_produce[w](K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, worker_args(parts, w),
-                                           tx % 32, page_size, page_shift)
+                            if own_workers:
+                                warp_produce[w](K, V, k_ring, v_ring, rows_s, full, empty, BlockTable,
+                                                worker_args(parts, w), tx % 32, page_size, page_shift)
+                            else:
+                                warp_produce[w](K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx % 32,
+                                                page_size, page_shift)
                 else:
                     produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx - consumer_threads,
                             page_size, page_shift)
