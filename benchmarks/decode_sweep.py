@@ -19,7 +19,8 @@ forces whole or fractional CTA shares of the FP8 schedule (``decode.FRACTIONAL``
 ``combine_round=8`` or ``16`` compiles and runs only that combine, rows per CTA chosen per call
 (``decode.COMBINES``); ``own_workers=0/1`` forces the FP8 ``mma.sync`` consumers to share their
 CTA's parts or to be workers of their own (default: ``decode.own_workers_pay`` per call);
-``split_producer=1`` gives each consumer its own producer warp over the shared parts.
+``split_producer=1`` gives each consumer its own producer warp over the shared parts;
+``ws16=1,warp_mma=1`` runs a 16-bit cache on ``decode_ws``'s mma.sync consumers with TMA.
 """
 
 from __future__ import annotations

@@ -147,3 +147,84 @@ def test_one_warp_slice_computes_q_k_v_in_place(dim, dim_v):
                         assert row == g + 8 * hr and col == wm.out_feature(fpt * w + j, n), (w, lane, hr, h, y)
                         seen[row, col] = seen.get((row, col), 0) + 1
     assert sorted(seen) == [(r, c) for r in range(16) for c in range(dim_v)] and set(seen.values()) == {1}
+
+
+def half_of(lo, hi, dtype):
+    """The 16-bit element (``dtype``) whose bytes, low first, are ``lo``, ``hi``."""
+    return torch.tensor([lo, hi], dtype=torch.uint8).view(dtype).double().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim,dim_v", [(128, 128), (64, 64), (64, 128), (128, 64)])
+def test_one_warp_slice_of_a_16bit_cache(dim, dim_v, dtype):
+    """The same slice over a 16-bit cache (``warp_mma_macros(cache_dtype=dtype)``): K's
+    elements are the B fragments as loaded (``k_offset`` in elements), V's ldmatrix.trans
+    registers (h, c) are n-tile c's B fragment as they are, output columns in the plain order
+    (``out_feature(..., narrow=False)``), and the merge's runs of two columns cover every
+    output element once."""
+    g_ = torch.Generator().manual_seed(dim * 1000 + dim_v + 7)
+    q = torch.randn(16, dim, generator=g_).to(dtype).double()
+    k16 = torch.randn(16, dim, generator=g_).to(dtype)
+    v16 = torch.randn(16, dim_v, generator=g_).to(dtype)
+    k, v = k16.double(), v16.double()
+    vb = v16.view(torch.uint8)  # 2 bytes an element, low first
+    qw, kc_n, fn_n = dim // 4, dim // 16, dim_v // 8
+
+    qa = [[0.0] * (kc_n * 8) for _ in LANES]
+    for lane, (g, t) in enumerate(LANES):
+        for kc in range(kc_n):
+            for e in range(4):
+                for hr in range(2):
+                    qa[lane][wm.q_slot(kc, e, hr)] = q[g + 8 * hr, t * qw + 4 * kc + e].item()
+    kflat = [[k[8 * j + g, t * qw + x].item() for j in range(2) for x in range(qw)] for g, t in LANES]
+    want_s = q @ k.T
+    for j in range(2):
+        acc = [[0.0] * 4 for _ in LANES]
+        for kc in range(kc_n):
+            off = wm.k_offset(j, kc, qw)
+            part = mma([qa[lane][kc * 8:kc * 8 + 8] for lane in range(32)], [kflat[lane][off:off + 4] for lane in range(32)])
+            acc = [[a + b for a, b in zip(x, y)] for x, y in zip(acc, part)]
+        for lane, (g, t) in enumerate(LANES):
+            for c in range(4):
+                row, n = c_at(c, g, t)
+                assert abs(acc[lane][c] - want_s[row, 8 * j + n].item()) < 1e-9, f"S n-tile {j} lane {lane} elt {c}"
+
+    p = torch.randn(16, 16, generator=g_).to(dtype).double()  # any P: the A fragment's layout is tested above
+    pa = [[p[a_at(h, g, t)].item() for h in range(8)] for g, t in LANES]
+    # ldmatrix.trans: matrix m of call q_ = keys 8 (m % 2) .. of 16-byte column 2 q_ + m // 2
+    # (8 features), into vraw[4 q_ + m].
+    vcols = dim_v // 8
+    vraw = [[None] * (2 * vcols) for _ in LANES]
+    for call in range(vcols // 2):
+        for m in range(4):
+            col = (2 * call + m // 2) * 16  # bytes
+            rows = [vb[8 * (m % 2) + r, col:col + 16].tolist() for r in range(8)]
+            for lane, reg in enumerate(ldmatrix_trans(rows)):
+                vraw[lane][4 * call + m] = reg
+    want_o = p @ v
+    for fn in range(fn_n):
+        at = wm.v_reg(0, fn)  # the kernel's mma reads registers (0, fn), (1, fn) from here
+        assert wm.v_reg(1, fn) == at + 1
+        b = [[half_of(*vraw[lane][at][0:2], dtype), half_of(*vraw[lane][at][2:4], dtype),
+              half_of(*vraw[lane][at + 1][0:2], dtype), half_of(*vraw[lane][at + 1][2:4], dtype)] for lane in range(32)]
+        o = mma(pa, b)
+        for lane, (g, t) in enumerate(LANES):
+            for c in range(4):
+                row, n = c_at(c, g, t)
+                want = want_o[row, wm.out_feature(fn, n, narrow=False)].item()
+                assert abs(o[lane][c] - want) < 1e-9, f"O n-tile {fn} lane {lane} elt {c}: {o[lane][c]} != {want}"
+
+    fpt = fn_n // wm.WARPS
+    runs, run = wm.merge_runs(fpt, narrow=False)
+    seen = {}
+    for w in range(wm.WARPS):
+        for lane, (g, t) in enumerate(LANES):
+            for hr in range(2):
+                for h in range(runs):
+                    for y in range(run):
+                        j, e = wm.merge_source(h, y, hr, narrow=False)
+                        row, n = c_at(e, g, t)
+                        col = wm.merge_column(fpt, w, h, t, y, narrow=False)
+                        assert row == g + 8 * hr and col == wm.out_feature(fpt * w + j, n, narrow=False), (w, lane, h, y)
+                        seen[row, col] = seen.get((row, col), 0) + 1
+    assert sorted(seen) == [(r, c) for r in range(16) for c in range(dim_v)] and set(seen.values()) == {1}

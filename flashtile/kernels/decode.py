@@ -522,7 +522,9 @@ ROW_CHUNK_BLOCKS = 32
 # between calls): FLASHTILE_DECODE_WS16=1 sends 16-bit caches through decode_ws's schedule too;
 # CFG_OVERRIDE forces tile parameters of whichever schedule runs (benchmarks/decode_sweep.py,
 # ``flashtile bench --decode --tiles``).
-WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") == "1"
+WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") in ("1", "mma")
+# "mma": the 16-bit caches through ``decode_ws`` take the mma.sync consumers (staged, not yet run on a GPU)
+WS16_MMA = os.environ.get("FLASHTILE_DECODE_WS16") == "mma"
 CFG_OVERRIDE: dict | None = None
 FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
 PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks stream back to back
@@ -675,8 +677,10 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool
 
     cache_dtype = cache_dtype or dtype
     fp8 = "float8" in cache_dtype
-    # developer switch ``warp_mma`` (0: the widening consumers for every FP8 cache)
-    warp_mma = bool(override.pop("warp_mma", 1)) and fp8 and few_rows and supports(dim, dim_v)
+    # developer switch ``warp_mma`` (0: the widening consumers for every FP8 cache; 1 with ``WS_16BIT``:
+    # the mma.sync consumers for a 16-bit cache, staged in the nineteenth session, not yet run on a GPU)
+    want = override.pop("warp_mma", None)
+    warp_mma = (bool(want) if want is not None else fp8 or WS16_MMA) and few_rows and supports(dim, dim_v)
     # developer switch ``own_workers`` (1: each mma.sync consumer a worker of its own; 0: they share their CTA's parts)
     own = bool(override.pop("own_workers", own)) and warp_mma
     combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode_ws"]

@@ -209,9 +209,10 @@ def decode_ws_kernel(
     assert num_stages % consumers == 0, "each consumer owns num_stages / consumers ring stages (``stage``)"
     box = tma_box or block_n  # rows per TMA box for pages smaller than a block (FP8; a multiple of it)
     assert block_n % box == 0 and consumers in REGS
-    assert not warp_mma or (widen and block_n == wm.BLOCK_N and wm.supports(dim, dim_v))
+    assert not warp_mma or (block_n == wm.BLOCK_N and wm.supports(dim, dim_v))
+    tma = widen or warp_mma  # the producer's copies: TMA (by-row cp.async for odd pages), else ``fetch``
     assert not own_workers or warp_mma
-    assert not split_producer or widen, "16-bit caches' copies need the whole producer warpgroup (``fetch``)"
+    assert not split_producer or tma, "16-bit caches' copies need the whole producer warpgroup (``fetch``)"
     per_warp = own_workers or split_producer  # one producer warp per consumer
     acc = T.float32
     producer_regs, consumer_regs = REGS[consumers]
@@ -223,7 +224,7 @@ def decode_ws_kernel(
     update, _ = online_softmax(rows, block_n, dim_v, has_sinks, has_softcap)
     if warp_mma:
         wm_state, wm_queries, wm_step, wm_merge = wm.warp_mma_macros(dim, dim_v, dtype, has_softcap, consumers,
-                                                                     own_workers, has_sinks)
+                                                                     own_workers, has_sinks, cache_dtype)
     _, store = split_tile_io(dim, dim_v, dtype, wide, has_sinks, has_softcap, block_n, rows, synced=False)
 
     def consumer_blocks(tile, w):
@@ -447,13 +448,13 @@ def decode_ws_kernel(
                             if i < count:
                                 st = stage(w, issued[k] + i)
                                 kb = T.alloc_var(T.int32, init=key_block(tile, w, i))
-                                if widen:  # the table lookups before the wait
+                                if tma:  # the table lookups before the wait
                                     if whole_block_box(page_size, page_shift):
                                         tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, block_n)
                                     elif page_boxes(page_size):
                                         tma_rows(rows_r, BlockTable, tile, kb, page_size, page_shift, box)
                                 T.barrier_wait(empty[st], phase(issued[k] + i) ^ 1)  # a fresh barrier passes parity 1
-                                if not widen:
+                                if not tma:
                                     fetch(K, V, k_ring, v_ring, rows_s, BlockTable, tile, u, st, kb, pt, page_size, page_shift)
                                     T.cp_async_barrier_noinc(full[st])  # arrives once this thread's copies land
                                 elif whole_block_box(page_size, page_shift):
@@ -562,7 +563,7 @@ def decode_ws_kernel(
                 for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part)
                     if live:
-                        out_scale = T.alloc_var(T.float32, init=VDescale[tile.b, tile.hk])
+                        out_scale = T.alloc_var(T.float32, init=VDescale[tile.b, tile.hk] if widen else 1.0)
                         wm_queries(Q, regs, tile, tx % 128, H, Sq)
                         two_halves = T.alloc_var(T.int32, init=tile.rows - tile.r0 > 8)
                         mine = T.alloc_var(T.int32, init=consumer_blocks(tile, wg))

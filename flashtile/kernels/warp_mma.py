@@ -82,9 +82,10 @@ def merge_bytes(dim_v: int, consumers: int) -> int:
     return sum(4 * math.prod(shape) for shape in merge_shapes(dim_v, consumers))
 
 
-def mma(a, a_off, b, b_off, c, c_off):
-    """``c[c_off:+4] += A (16 x 16) B (16 x 8)``, fp16 operands, fp32 accumulation."""
-    return T.ptx_mma(T.float32, "m16n8k16", "row", "col", "fp16", "fp16", "fp32", a.data, a_off, b.data, b_off,
+def mma(a, a_off, b, b_off, c, c_off, ab: str = "fp16"):
+    """``c[c_off:+4] += A (16 x 16) B (16 x 8)``, ``ab`` (fp16 or bf16) operands, fp32
+    accumulation."""
+    return T.ptx_mma(T.float32, "m16n8k16", "row", "col", ab, ab, "fp32", a.data, a_off, b.data, b_off,
                      c.data, c_off, T.bool(False))
 
 
@@ -109,7 +110,8 @@ def k_offset(j: int, kc: int, qw: int) -> int:
 
 def v_reg(h: int, c: int) -> int:
     """Index in ``vraw`` of ldmatrix.trans register (h, c) (keys 8 h + 2t, + 1 of the slice at
-    features 16 c + 2 g, + 1): call c // 2, matrix 2 (c % 2) + h."""
+    16-byte column c: features 16 c + 2 g, + 1 of an FP8 cache, feature 8 c + g of a 16-bit
+    one): call c // 2, matrix 2 (c % 2) + h."""
     return c // 2 * 4 + c % 2 * 2 + h
 
 
@@ -119,25 +121,36 @@ def vb_slot(fn: int, h: int) -> int:
     return fn * 2 + h
 
 
-def out_feature(fn: int, n: int) -> int:
-    """V feature (and output column) of column n of P V's n-tile fn."""
-    return 16 * (fn // 2) + 2 * n + fn % 2
+def out_feature(fn: int, n: int, narrow: bool = True) -> int:
+    """V feature (and output column) of column n of P V's n-tile fn: an FP8 cache's
+    (``narrow``) byte-permuted order, or a 16-bit cache's plain one (n-tile fn = ldmatrix column
+    fn, features 8 fn .. 8 fn + 7)."""
+    return 16 * (fn // 2) + 2 * n + fn % 2 if narrow else 8 * fn + n
 
 
-def merge_source(h: int, y: int, hr: int) -> tuple:
+def merge_runs(fpt: int, narrow: bool = True) -> tuple:
+    """(runs, columns per run) of contiguous output columns that ``merge_store`` writes per
+    row from a thread's ``fpt`` n-tiles: FP8 pairs n-tiles 2h, 2h + 1 into 4 features, a 16-bit
+    n-tile's positions 2t, 2t + 1 are 2."""
+    return (fpt // 2, 4) if narrow else (fpt, 2)
+
+
+def merge_source(h: int, y: int, hr: int, narrow: bool = True) -> tuple:
     """(n-tile offset j, C position e) that ``merge_store`` reads for the y-th column of its
-    h-th 4-column run, row g + 8 hr."""
-    return 2 * h + y % 2, 2 * hr + y // 2
+    h-th run (``merge_runs``), row g + 8 hr."""
+    return (2 * h + y % 2, 2 * hr + y // 2) if narrow else (h, 2 * hr + y)
 
 
-def merge_column(fpt: int, w, h: int, t, y: int):
+def merge_column(fpt: int, w, h: int, t, y: int, narrow: bool = True):
     """Output column of ``merge_source(h, y, hr)`` for thread (warp w, lane t of its quad):
     ``out_feature(fpt w + j, 2 t + e % 2)``."""
-    return 16 * (fpt * w // 2 + h) + 4 * t + y
+    if narrow:
+        return 16 * (fpt * w // 2 + h) + 4 * t + y
+    return 8 * (fpt * w + h) + 2 * t + y
 
 
 def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consumers: int, direct: bool = False,
-                    has_sinks: bool = False):
+                    has_sinks: bool = False, cache_dtype: str = "float8_e4m3fn"):
     """(state, load_queries, step, merge_store) macros of one consumer thread.
 
     ``state()`` allocates the thread's registers and the merge buffer; ``load_queries`` fills
@@ -145,8 +158,18 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
     from raw stage ``st`` (releasing the stage once its bytes are in registers);
     ``merge_store`` merges the consumer's four warps and writes its partial, or with
     ``direct`` (each consumer its own worker: ``decode_ws``'s ``own_workers``) O and lse
-    themselves when the part is its whole segment (``tile.whole``; the sink folded in here)."""
+    themselves when the part is its whole segment (``tile.whole``; the sink folded in here).
+
+    ``cache_dtype`` q's 16-bit dtype instead of FP8 (developer switch, staged in the nineteenth
+    session and not yet run on a GPU: NOTES): the operands stay in that dtype (bf16 or fp16
+    mma.sync), K's bytes are the B fragments as loaded, and V's ldmatrix.trans registers are
+    P V's B fragments as they are (no byte_perm, no cvt), in the plain feature order."""
     acc = T.float32
+    narrow = "float8" in cache_dtype  # an FP8 cache, widened to fp16 in registers
+    op = HALF if narrow else dtype  # the mma.sync operands' type
+    ab = "fp16" if op == "float16" else "bf16"
+    vcols = dim_v // 16 if narrow else dim_v // 8  # 16-byte columns of a V row
+    col_elems = 16 if narrow else 8  # elements of a 16-byte column
     neg_inf = -T.infinity(acc)
     kc_n = dim // 16  # k-chunks of Q K^T
     qw = dim // 4  # Q/K features per lane (contiguous; chunk kc takes 4 of them)
@@ -156,17 +179,19 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
         """One consumer thread's registers (``T.alloc_local``) and its warpgroup's merge buffer."""
 
         def __init__(self):
-            self.qa = T.alloc_local([kc_n * 8], HALF)  # Q A fragments, 8 halves per k-chunk
+            self.qa = T.alloc_local([kc_n * 8], op)  # Q A fragments, 8 halves per k-chunk
             self.o = T.alloc_local([fn_n * 4], acc)  # O C fragments (rows g, g + 8)
             self.m = T.alloc_local([2], acc)  # running max, rows g and g + 8 (raw scores)
             self.l = T.alloc_local([2], acc)  # this lane's share of the running sums
             self.tok = T.alloc_local([2], T.int32)  # query token of rows g and g + 8
             self.s = T.alloc_local([8], acc)  # S C fragments of the slice's two n-tiles
-            self.kraw = T.alloc_local([2 * qw], "float8_e4m3fn")
-            self.kb = T.alloc_local([2 * qw], HALF)
-            self.vraw = T.alloc_local([dim_v // 8], T.uint32)  # ldmatrix.trans: reg (h, c), ``v_reg``
-            self.vb = T.alloc_local([fn_n * 2], T.uint32)  # V B fragments, two half2 per n-tile
-            self.pa = T.alloc_local([8], HALF)
+            self.kraw = T.alloc_local([2 * qw], cache_dtype)
+            if narrow:  # widened K, and V's B fragments after the byte_perm and cvt
+                self.kb = T.alloc_local([2 * qw], HALF)
+            self.vraw = T.alloc_local([2 * vcols], T.uint32)  # ldmatrix.trans: reg (h, c), ``v_reg``
+            if narrow:
+                self.vb = T.alloc_local([fn_n * 2], T.uint32)  # V B fragments, two half2 per n-tile
+            self.pa = T.alloc_local([8], op)
             self.alpha = T.alloc_local([2], acc)
             self.msafe = T.alloc_local([2], acc)
             self.mx = T.alloc_local([2], acc)
@@ -202,7 +227,7 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                     qraw[e] = T.cast(0, dtype)
             for kc in unrolled(kc_n):
                 for e in unrolled(4):
-                    st_.qa[q_slot(kc, e, hr)] = T.cast(qraw[kc * 4 + e], HALF)
+                    st_.qa[q_slot(kc, e, hr)] = T.cast(qraw[kc * 4 + e], op)
             st_.m[hr] = neg_inf
             st_.l[hr] = 0.0
         for e in unrolled(fn_n * 4):
@@ -221,10 +246,10 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
         # V: ldmatrix.trans of 8 x 8 two-byte elements; matrix (h, c) is keys 8 h .. 8 h + 7
         # of the slice at bytes 16 c .. 16 c + 15 (lanes 8 m .. 8 m + 7 give matrix m's rows).
         lm = T.alloc_var(T.int32, init=ct % 32 // 8)
-        for q in unrolled(dim_v // 32):
+        for q in unrolled(vcols // 2):
             T.ptx_ldmatrix(T.bool(True), 4,
-                           T.access_ptr(v_ring[st, w * SLICE + 8 * (lm % 2) + ct % 8, (2 * q + lm // 2) * 16], "r",
-                                        extent=16),
+                           T.access_ptr(v_ring[st, w * SLICE + 8 * (lm % 2) + ct % 8, (2 * q + lm // 2) * col_elems],
+                                        "r", extent=col_elems),
                            T.access_ptr(st_.vraw[4 * q], "w", extent=4))
         T.barrier_arrive(empty[st])  # the bytes are in registers: the producer may refill
         # A boundary block: rows outside the entry's keys may hold stale or NaN bytes (TMA
@@ -237,24 +262,30 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                                    init=T.if_then_else(tile.holds(key0 + 8 * h + 2 * t), T.uint32(0xFFFF), T.uint32(0))
                                    | T.if_then_else(tile.holds(key0 + 8 * h + 2 * t + 1), T.uint32(0xFFFF0000),
                                                     T.uint32(0)))
-                for c in unrolled(dim_v // 16):
+                for c in unrolled(vcols):
                     st_.vraw[v_reg(h, c)] = st_.vraw[v_reg(h, c)] & keep
-        for e in T.vectorized(2 * qw):
-            st_.kb[e] = T.cast(st_.kraw[e], HALF)
+        if narrow:
+            for e in T.vectorized(2 * qw):
+                st_.kb[e] = T.cast(st_.kraw[e], HALF)
         for e in unrolled(8):
             st_.s[e] = 0.0
         for j in unrolled(2):
             for kc in unrolled(kc_n):
-                mma(st_.qa, kc * 8, st_.kb, k_offset(j, kc, qw), st_.s, j * 4)
+                if narrow:
+                    mma(st_.qa, kc * 8, st_.kb, k_offset(j, kc, qw), st_.s, j * 4)
+                else:  # a 16-bit cache: K's elements are the B fragments as loaded
+                    mma(st_.qa, kc * 8, st_.kraw, k_offset(j, kc, qw), st_.s, j * 4, ab)
         # V's B fragments for n-tile fn = 2 c + e (feature 16 c + 2 g + e): keys (2t, 2t + 1)
         # from register (0, c), (2t + 8, 2t + 9) from (1, c); byte_perm 0x3120 puts the two
-        # keys' bytes of each feature side by side, the cvt's pair.
-        for h in unrolled(2):
-            for c in unrolled(dim_v // 16):
-                pair = T.alloc_var(T.uint32, init=T.call_extern(T.uint32, "__byte_perm", st_.vraw[v_reg(h, c)],
-                                                                T.uint32(0), T.uint32(0x3120)))
-                st_.vb[vb_slot(2 * c, h)] = T.call_extern(T.uint32, CVT, pair)
-                st_.vb[vb_slot(2 * c + 1, h)] = T.call_extern(T.uint32, CVT, pair >> T.uint32(16))
+        # keys' bytes of each feature side by side, the cvt's pair.  (A 16-bit cache's
+        # registers are the B fragments: n-tile fn is register pair (0, fn), (1, fn).)
+        if narrow:
+            for h in unrolled(2):
+                for c in unrolled(dim_v // 16):
+                    pair = T.alloc_var(T.uint32, init=T.call_extern(T.uint32, "__byte_perm", st_.vraw[v_reg(h, c)],
+                                                                    T.uint32(0), T.uint32(0x3120)))
+                    st_.vb[vb_slot(2 * c, h)] = T.call_extern(T.uint32, CVT, pair)
+                    st_.vb[vb_slot(2 * c + 1, h)] = T.call_extern(T.uint32, CVT, pair >> T.uint32(16))
         # Online softmax (softmax.online_softmax's arithmetic, per lane).
         if has_softcap:
             for e in unrolled(8):
@@ -288,16 +319,20 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             for e in unrolled(fn_n * 4):
                 st_.o[e] = st_.o[e] * st_.alpha[e % 4 // 2]
         for e in T.vectorized(8):
-            st_.pa[e] = T.cast(st_.s[e], HALF)
+            st_.pa[e] = T.cast(st_.s[e], op)
         for fn in unrolled(fn_n):
-            mma(st_.pa, 0, st_.vb, vb_slot(fn, 0), st_.o, fn * 4)
+            if narrow:
+                mma(st_.pa, 0, st_.vb, vb_slot(fn, 0), st_.o, fn * 4)
+            else:
+                mma(st_.pa, 0, st_.vraw, v_reg(0, fn), st_.o, fn * 4, ab)
 
     fpt = fn_n // WARPS  # n-tiles of O each thread merges (``merge_store``)
+    runs, run = merge_runs(fpt, narrow)  # ... as runs of contiguous output columns
 
     def merged(part, f, scale, h, y, hr):
         """``merge_store``'s output value at ``merge_source(h, y, hr)``: the four warps' values
         (``part``) by their weights ``f``, scaled."""
-        j, e = merge_source(h, y, hr)
+        j, e = merge_source(h, y, hr, narrow)
         return (part[(0 * fpt + j) * 4 + e] * f[hr * WARPS + 0]
                 + part[(1 * fpt + j) * 4 + e] * f[hr * WARPS + 1]
                 + part[(2 * fpt + j) * 4 + e] * f[hr * WARPS + 2]
@@ -379,16 +414,17 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
                 if direct:
                     if tile.whole == 1:
                         orow = T.alloc_var(T.int32, init=tile.out_row(g + 8 * hr))
-                        for h in unrolled(fpt // 2):
-                            for y in unrolled(4):
-                                O[orow, merge_column(fpt, w, h, t, y)] = T.cast(merged(part, f, scale, h, y, hr), dtype)
+                        for h in unrolled(runs):
+                            for y in unrolled(run):
+                                O[orow, merge_column(fpt, w, h, t, y, narrow)] = T.cast(merged(part, f, scale, h, y, hr),
+                                                                                        dtype)
                         if w == 0 and t == 0:
                             LSE[tile.lse_row(g + 8 * hr)] = natural_lse(total[hr], top_safe[hr])
                 if partial_wanted(tile):
                     prow = T.alloc_var(T.int32, init=tile.partial_row(slot_row(wg, g, hr)))
-                    for h in unrolled(fpt // 2):
-                        for y in unrolled(4):
-                            Opart[prow, merge_column(fpt, w, h, t, y)] = merged(part, f, scale, h, y, hr)
+                    for h in unrolled(runs):
+                        for y in unrolled(run):
+                            Opart[prow, merge_column(fpt, w, h, t, y, narrow)] = merged(part, f, scale, h, y, hr)
                     if w == 0 and t == 0:
                         LSEpart[prow] = natural_lse(total[hr], top_safe[hr])
 
