@@ -830,11 +830,13 @@ def test_fp8_opcheck(gen):
 
 @pytest.mark.compile
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("d,dv,dtype,sinks,softcap,rows", [(128, 128, "bfloat16", False, False, 32),
-                                                          (192, 128, "float16", True, True, 4),
-                                                          (128, 128, "bfloat16", False, False, 16),
-                                                          (64, 64, "float16", True, True, 1)], ids=lambda x: str(x))
-def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap, rows):
+@pytest.mark.parametrize("d,dv,dtype,sinks,softcap,rows,many", [(128, 128, "bfloat16", False, False, 32, False),
+                                                               (192, 128, "float16", True, True, 4, False),
+                                                               (128, 128, "bfloat16", False, False, 16, False),
+                                                               (64, 64, "float16", True, True, 1, False),
+                                                               (128, 128, "bfloat16", True, True, 4, True)],
+                         ids=lambda x: str(x))
+def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap, rows, many):
     """The FP8-cache decode kernel (decode_ws): FP8 bytes through TMA (one box per K/V block,
     pages of whole blocks) or explicit cp.async (16-byte copies, any page size) by a producer
     warpgroup into a raw ring handed over through mbarriers.  More than 16 query rows per kv
@@ -842,11 +844,17 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap, rows):
     pairwise (one cvt per two values) for its fp16 WGMMAs; three consumer warpgroups at
     d = 128, two at 192/128 (``ws_config``).  Up to 16 rows at d = 64 / 128 (``warp_mma``): two
     consumer warpgroups of mma.sync warps widening in registers, V through ldmatrix.trans, no
-    WGMMA."""
-    from flashtile.kernels.decode import get_decode_kernels
+    WGMMA.  Many segments (``many``): each mma.sync consumer a worker of its own, fed by its own
+    producer warp (one elected lane per warp issues its TMA), whole segments stored as O and
+    lse with the sink folded in."""
+    from flashtile.kernels import decode as dm
 
-    decode = get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn", rows=rows)[0]
-    src = decode.get_kernel_source()
+    kernels = dm.get_decode_kernels(d, dv, dtype, sinks, softcap, "float8_e4m3fn", rows=rows, many_segments=many)
+    src = kernels[0].get_kernel_source()
+    own = many and dm.OWN_WORKERS != "0"
+    if own:
+        assert "tl_shuffle_elect<32>" in src and "tl_shuffle_elect<128>" not in src, "a TMA issuer per producer warp"
+        assert "sink2" in src, "the direct stores fold the sink in"
     assert "fp8_e4_t" in src and "cp_async_gs_conditional<16>" in src and "mbarrier_cp_async_arrive_noinc" in src
     assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "expect_transaction" in src
     mma = rows <= 16 and d in (64, 128)

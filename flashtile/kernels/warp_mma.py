@@ -396,7 +396,8 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
             if direct and has_sinks:
                 if tile.whole == 1:  # the row's sink joins its weights (else the combine adds it)
                     sink2 = T.alloc_var(acc, init=Sinks[tile.hk * tile.group + (tile.r0 + r) % tile.group] * LOG2E)
-                    ref = T.alloc_var(acc, init=T.max(top_safe[hr], sink2))  # finite: top_safe is
+                    # finite: top_safe is never -inf (``scaled_max`` gives 0 to a row with no key)
+                    ref = T.alloc_var(acc, init=T.max(top_safe[hr], sink2))
                     shift = T.alloc_var(acc, init=T.exp2(top_safe[hr] - ref))
                     for x in unrolled(WARPS):
                         f[hr * WARPS + x] = f[hr * WARPS + x] * shift
