@@ -824,9 +824,9 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     else:
         score_scale, cap_in = softmax_scale * LOG2E, 0.0
     left, right = host_window(window)
-    # Else each worker writes O/lse of its whole segments (one each for ``decode_kernel``).
-    combined = consumers > 1 or (workers != segments if not sched.cfg.get("own_workers")
-                                 else workers > segments or segments % workers != 0)
+    # A segment is cut between workers unless they hold whole ones (``decode_kernel``: one split
+    # each; own workers: ``whole_segment_ctas``); else each worker writes O/lse itself.
+    combined = consumers > 1 or workers > segments or segments % workers != 0
     if combined:  # slots c + g of the workers' parts (schedule), C consumers each
         rows_total = (workers + segments) * consumers * tile_rows
         opart = debug.new_output((rows_total, dv), torch.float32, dev)

@@ -255,8 +255,10 @@ def decode_ws_kernel(
         return shared_part_tile(args, part, block_n, widen, has_softcap, consumers)
 
     def worker_args(parts, w):
-        """``part_tile``'s arguments for consumer ``w``'s own worker (``own_workers``): worker
-        ``c C + w`` of ``num_splits x C``."""
+        """``part_tile``'s arguments for consumer ``w``: with ``own_workers`` its own worker's
+        (worker ``c C + w`` of ``num_splits x C``), else the CTA's ``parts`` as they are."""
+        if not own_workers:
+            return parts
         c, num_splits = parts[:2]
         return (c * consumers + w, num_splits * consumers, *parts[2:])
 
@@ -303,14 +305,14 @@ def decode_ws_kernel(
 
     def by_row_copies(threads: int):
         """``issue_by_row`` for a producer of ``threads`` threads: a 128-thread warpgroup
-        (two threads a row at 64-key blocks), or one warp (``own_workers``: ``block_n / 32`` whole rows
-        a thread)."""
+        (two threads a row at 64-key blocks), or one warp (a producer warp per consumer:
+        ``block_n / 32`` whole rows a thread)."""
         rows_per_pass = min(block_n, threads)
         row_threads = threads // rows_per_pass
 
         @T.macro
         def issue_by_row(K, V, k_ring, v_ring, BlockTable, tile, st, kb, pt, page_size, page_shift):
-            """FP8 pages that TMA cannot take: each thread looks up its key rows of block ``kb``
+            """Pages that TMA cannot take: each thread looks up its key rows of block ``kb``
             itself and copies its share of them."""
             for p in list(range(block_n // rows_per_pass)):  # unrolled in Python: one pass (a warpgroup) or more
                 if p == 0:
@@ -417,7 +419,8 @@ def decode_ws_kernel(
 
     def producer(serves: tuple, threads: int):
         """``produce`` for the consumers ``serves`` by ``threads`` producer threads: all
-        consumers by the warpgroup (128), or (``own_workers``) one consumer by one warp (32)."""
+        consumers by the warpgroup (128), or one consumer by one warp (32: ``own_workers``,
+        ``split_producer``)."""
         issue_by_row = by_row_copies(threads)
 
         @T.macro
@@ -546,20 +549,15 @@ def decode_ws_kernel(
                 if per_warp:  # warp w streams consumer w's blocks (an exact 32-thread range: TMA's elected lane is the warp's)
                     for w in wm.unrolled(consumers):
                         if T.And(tx >= consumer_threads + 32 * w, tx < consumer_threads + 32 * (w + 1)):
-                            if own_workers:
-                                warp_produce[w](K, V, k_ring, v_ring, rows_s, full, empty, BlockTable,
-                                                worker_args(parts, w), tx % 32, page_size, page_shift)
-                            else:
-                                warp_produce[w](K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx % 32,
-                                                page_size, page_shift)
+                            warp_produce[w](K, V, k_ring, v_ring, rows_s, full, empty, BlockTable,
+                                            worker_args(parts, w), tx % 32, page_size, page_shift)
                 else:
                     produce(K, V, k_ring, v_ring, rows_s, full, empty, BlockTable, parts, tx - consumer_threads,
                             page_size, page_shift)
             elif warp_mma:  # consumer warpgroups of four mma.sync warps (``warp_mma``)
                 T.set_max_nreg(consumer_regs, 1)
                 done = T.alloc_var(T.int32, init=0)  # blocks of earlier parts (ring position)
-                if own_workers:
-                    parts = worker_args(parts, wg)
+                parts = worker_args(parts, wg)
                 for part in T.serial(part_count(parts)):
                     tile, live = part_tile(parts, part)
                     if live:
@@ -571,10 +569,7 @@ def decode_ws_kernel(
                             st = T.alloc_var(T.int32, init=stage(wg, done + i))
                             T.barrier_wait(full[st], phase(done + i))
                             wm_step(regs, k_ring, v_ring, empty, tile, st, key_block(tile, wg, i), tx % 128, two_halves)
-                        if own_workers:
-                            wm_merge(regs, Opart, LSEpart, tile, wg, tx % 128, out_scale, CONSUMER_SYNC + wg, O, LSE, Sinks)
-                        else:
-                            wm_merge(regs, Opart, LSEpart, tile, wg, tx % 128, out_scale, CONSUMER_SYNC + wg)
+                        wm_merge(regs, Opart, LSEpart, tile, wg, tx % 128, out_scale, CONSUMER_SYNC + wg, O, LSE, Sinks)
                         done += mine
             else:  # consumer warpgroups: every C-th block of each part, from the wg-th
                 T.set_max_nreg(consumer_regs, 1)
