@@ -14,12 +14,14 @@ the output against the first variant's and prints µs, % of the read bandwidth m
 same run, and (``--fp8``) the speed-up over the bf16 cache.  ``--precompile`` builds the
 variants (no GPU needed).  ``num_splits`` is not a tile parameter but the call's own argument
 (0: the launcher's choice), so it varies without a new kernel.  ``ws16=1`` sends a 16-bit
-cache through ``decode_ws``'s schedule (``decode.WS_16BIT``) for that variant; ``fractional=0/1``
+cache through ``decode_ws``'s schedule (``decode.WS_16BIT``) for that variant, ``ws16=0`` through
+``decode_kernel`` (without ``ws16``: the launcher's choice, ``decode.ws16_pays``); ``fractional=0/1``
 forces whole or fractional CTA shares of the FP8 schedule (``decode.FRACTIONAL``);
 ``combine_round=8`` or ``16`` compiles and runs only that combine, rows per CTA chosen per call
 (``decode.COMBINES``); ``own_workers=0/1`` forces the FP8 ``mma.sync`` consumers to share their
 CTA's parts or to be workers of their own (default: ``decode.own_workers_pay`` per call);
-``split_producer=1`` gives each consumer its own producer warp over the shared parts;
+``split_producer=0/1`` gives each consumer its own producer warp over the shared parts or not
+(default: pages smaller than a block, ``decode.split_producer_pays``);
 ``ws16=1,warp_mma=1`` runs a 16-bit cache on ``decode_ws``'s mma.sync consumers with TMA.
 """
 
@@ -43,6 +45,12 @@ def tiles(variant: dict) -> dict | None:
     return {k: x for k, x in variant.items() if k not in ("num_splits", "ws16", "fractional")} or None
 
 
+def ws16(variant: dict) -> bool | None:
+    """``decode.WS_16BIT`` for a variant: ``ws16=1`` every 16-bit call through ``decode_ws``,
+    ``ws16=0`` none (``decode_kernel``), absent the launcher's own choice (``ws16_pays``)."""
+    return None if "ws16" not in variant else bool(variant["ws16"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", nargs="+", required=True)
@@ -57,7 +65,7 @@ def main(argv=None) -> int:
     cache_dtype = "float8_e4m3fn" if args.fp8 else None
     if args.precompile:
         for v in variants:
-            dm.CFG_OVERRIDE, dm.WS_16BIT = tiles(v), bool(v.get("ws16", 0))
+            dm.CFG_OVERRIDE, dm.WS_16BIT = tiles(v), ws16(v)
             dm.get_decode_kernels(128, 128, "bfloat16", False, False, cache_dtype)
         return 0
     from flashtile import flash_attn_with_kvcache
@@ -85,7 +93,7 @@ def main(argv=None) -> int:
         nbytes = 2 * B * L * HKV * D * kc.element_size()
         ref = None
         for v in variants:
-            dm.CFG_OVERRIDE, dm.WS_16BIT = tiles(v), bool(v.get("ws16", 0))
+            dm.CFG_OVERRIDE, dm.WS_16BIT = tiles(v), ws16(v)
             dm.FRACTIONAL = None if "fractional" not in v else bool(v["fractional"])
             splits = v.get("num_splits", 0)
             call = lambda: flash_attn_with_kvcache(q, kcache, vcache, cache_seqlens=seqlens, causal=True,  # noqa: E731
@@ -97,7 +105,7 @@ def main(argv=None) -> int:
             vs = f" {t16 / t:5.2f}x bf16 cache" if t16 else ""
             print(f"{case:>18} {str(v):56s} {t * 1e6:8.1f} us {100 * nbytes / t / bw:5.1f} %bw{vs}  diff {diff:.1e}",
                   flush=True)
-        dm.CFG_OVERRIDE, dm.WS_16BIT, dm.FRACTIONAL = None, False, None
+        dm.CFG_OVERRIDE, dm.WS_16BIT, dm.FRACTIONAL = None, None, None
         del kc, vc, kcache, vcache
     return 0
 

@@ -103,6 +103,10 @@ CASES = [
     # 160 short segments on 132 SMs: persistent CTAs, several parts each (decode.worker_count)
     Case("kvcache d128 gqa4 persistent fp8-cache", d=128, h=16, hkv=4, b=40, causal=True, kind="kvcache",
          fp8_cache=True, extra={"page": 16}),
+    # a 16-bit long stream (more than 256 blocks of 64 keys, pages of 64): decode_ws's mma.sync
+    # consumers with TMA (decode.ws16_pays), the segment's last block past the table's last page
+    Case("kvcache d128 gqa4 page64 long-stream", d=128, h=8, hkv=2, causal=True, kind="kvcache",
+         shapes=((1, 16450),), race_shapes=((1, 16450),), extra={"page": 64}),
     Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),
     Case("fp8 d128 gqa2 causal sinks", d=128, h=4, hkv=2, causal=True, sinks=True, kind="fp8"),
     Case("fp8 d256 window softcap", d=256, h=2, hkv=2, window=(16, 0), softcap=20.0, kind="fp8"),

@@ -547,6 +547,34 @@ def test_own_workers_take_whole_segments_when_they_divide():
         assert ctas == 132 or (ctas >= 119 and segments % (2 * ctas) == 0), (segments, ctas)
 
 
+def test_per_call_schedule_rules_split_producer_and_16bit_long_streams():
+    """FP8 pages smaller than a block (in 16-row TMA boxes) give each shared-part consumer a
+    producer warp of its own (``split_producer_pays``); 16-bit long streams whose blocks lie on
+    one page take ``decode_ws``'s mma.sync consumers (``ws16_pays``), the rest ``decode_kernel``.
+    The issue's cases: d = 128, 8 kv heads, ``L + 256`` cache rows."""
+    from flashtile.kernels import decode as dm
+    from flashtile.kernels.decode_ws import decode_ws_kernel
+
+    assert [p for p in (1, 8, 16, 32, 48, 64, 80, 256) if dm.split_producer_pays(True, p)] == [16, 32, 48]
+    assert not dm.split_producer_pays(False, 16)  # a contiguous cache of 16 rows is one page: whole-block boxes
+    long16 = {keys: dm.ws16_pays(False, keys + 256, -(-(keys + 256) // 64)) for keys in (2048, 4096, 8192, 32768, 131072)}
+    assert [k for k, v in long16.items() if v] == [32768, 131072]
+    assert [p for p in (16, 32, 64, 96, 128, 256) if dm.ws16_pays(True, p, 516)] == [64, 128, 256]
+    if dm.WS_16BIT is None and dm.OWN_WORKERS == "auto":  # the defaults (the GPU suite may set the switches)
+        fp8 = dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 4, small_pages=True)
+        assert fp8.cfg.get("split_producer") and fp8.cfg["warp_mma"]
+        assert not dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 4).cfg.get("split_producer")
+        own = dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 4, many_segments=True, small_pages=True)
+        assert own.cfg.get("own_workers") and not own.cfg.get("split_producer"), "own workers have their warps already"
+        wide = dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 32, small_pages=True)
+        assert not wide.cfg.get("split_producer") and not wide.cfg.get("warp_mma")
+        s16 = dm.decode_schedule(128, 128, "bfloat16", None, 4, long_streams=True)
+        assert s16.kernel is decode_ws_kernel and s16.cfg["warp_mma"] and s16.cfg["cache_dtype"] == "bfloat16"
+        assert not s16.cfg.get("split_producer") and not s16.cfg.get("own_workers")
+        for rows, d in ((32, 128), (4, 256)):  # no mma.sync consumers for these: decode_kernel
+            assert dm.decode_schedule(d, d, "bfloat16", None, rows, long_streams=True).kernel is dm.decode_kernel
+
+
 @pytest.mark.parametrize("segments,ctas", [(1024, 128), (1056, 132), (160, 132), (64, 128), (8, 128), (3, 5),
                                            (250, 132)])
 def test_own_workers_shares_tile_every_segment_once(segments, ctas):
@@ -867,6 +895,27 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap, rows, many):
     # a producer and three (two) consumer warpgroups, registers moved to the consumers
     threads = 512 if d == 128 and not mma else 384
     assert f"__launch_bounds__({threads}, 1)" in src and "warpgroup_reg_alloc" in src
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("dtype,cache_dtype", [("bfloat16", "float8_e4m3fn"), ("float16", None)])
+def test_build_decode_split_producer_and_16bit_long_streams(dtype, cache_dtype):
+    """The schedules of ``split_producer_pays`` and ``ws16_pays``: FP8 pages smaller than a
+    block, each consumer's producer warp electing its own TMA lane over the shared parts; a
+    16-bit cache's long streams on ``decode_ws``'s mma.sync consumers, 16-bit operands straight
+    from the TMA-filled ring (no widening) and V through ldmatrix.trans."""
+    from flashtile.kernels import decode as dm
+
+    kind = {"small_pages": True} if cache_dtype else {"long_streams": True}
+    src = dm.get_decode_kernels(128, 128, dtype, True, False, cache_dtype, rows=4, **kind)[0].get_kernel_source()
+    assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "wgmma" not in src
+    assert "ptx_ldmatrix_x4_trans" in src and "__launch_bounds__(384, 1)" in src
+    if cache_dtype:
+        assert "tl_shuffle_elect<32>" in src and "tl_shuffle_elect<128>" not in src, "a TMA issuer per producer warp"
+        assert "flashtile_e4m3x2_to_half2" in src
+    else:
+        assert "mma_sync<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, 16, 8, 16" in src
+        assert "fp8_e4_t" not in src and src.count("flashtile_e4m3x2_to_half2(") == 1, "no widening (the helper unused)"
 
 
 @pytest.mark.parametrize("consumers,per", [(2, 2), (3, 1), (3, 2), (2, 1)])

@@ -519,16 +519,18 @@ MAX_SPLITS = 128
 ROW_CHUNK_BLOCKS = 32
 
 # Developer switches, part of the schedule's memo key (the bench and the sweeps set them
-# between calls): FLASHTILE_DECODE_WS16=1 sends 16-bit caches through decode_ws's schedule too;
+# between calls): FLASHTILE_DECODE_WS16 sends 16-bit caches through decode_ws's schedule for
+# every call ("1": the WGMMA consumers; "mma": the mma.sync ones where they apply), for none
+# ("0": ``decode_kernel`` always), or, unset, the long streams only (``ws16_pays``);
 # CFG_OVERRIDE forces tile parameters of whichever schedule runs (benchmarks/decode_sweep.py,
 # ``flashtile bench --decode --tiles``).
-WS_16BIT = os.environ.get("FLASHTILE_DECODE_WS16") in ("1", "mma")
-# "mma": the 16-bit caches through ``decode_ws`` take the mma.sync consumers (staged, not yet run on a GPU)
+WS_16BIT: bool | None = {"1": True, "mma": True, "0": False}.get(os.environ.get("FLASHTILE_DECODE_WS16", ""))
 WS16_MMA = os.environ.get("FLASHTILE_DECODE_WS16") == "mma"
 CFG_OVERRIDE: dict | None = None
 FRACTIONAL: bool | None = None  # decode_ws: force fractional CTA shares (True) or whole ones (``worker_count``)
 PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks stream back to back
 OWN_WORKER_BLOCKS = 256  # FP8 cache, many segments: own workers for segments of at most this many blocks
+LONG_STREAM_BLOCKS = 256  # 16-bit cache: segments of more key blocks (of 64) take decode_ws's mma.sync consumers
 WARP_MMA_BLOCK_N = 64  # ``warp_mma.BLOCK_N`` (that module imports this one): the block of ``own_workers_pay``
 WARP_MMA_ROWS = 16  # FP8 caches: a kv head's query rows (group x Sq) up to this take ``warp_mma`` consumers
 # ``warp_mma`` consumers as workers of their own (``decode_ws``'s ``own_workers``) for calls with
@@ -601,20 +603,23 @@ class Schedule(NamedTuple):
 
 
 def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None, rows: int = 1,
-                    many_segments: bool = False) -> Schedule:
+                    many_segments: bool = False, small_pages: bool = False, long_streams: bool = False) -> Schedule:
     """``decode_kernel`` for a cache in q's dtype; ``decode_ws.decode_ws_kernel``
     (warp-specialised: a producer and two or three consumer warpgroups, one CTA per SM) for an
     FP8 cache, its consumers on warp-level mma.sync (``warp_mma``) when a kv head's query rows
     (``rows`` = group x Sq) fit one 16-row fragment and the head dims are 64 or 128, each of
     them a worker of its own (``own_workers``) when the call has at least as many segments as
-    SMs (``many_segments``).  All take the same kernel arguments.  On every call's host path:
-    memoised."""
+    SMs (``many_segments``), else each fed by a producer warp of its own (``split_producer``)
+    when the call's pages are smaller than a key block (``small_pages``: ``split_producer_pays``).
+    A 16-bit cache takes ``decode_ws``'s mma.sync consumers too for long streams
+    (``long_streams``: ``ws16_pays``) at up to 16 rows.  All take the same kernel arguments.  On
+    every call's host path: memoised."""
     if cache_dtype == dtype:
         cache_dtype = None
     own = OWN_WORKERS == "1" or (OWN_WORKERS == "auto" and many_segments)
     # The developer switches are part of the key (the bench and the sweep set them between calls).
     return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())),
-                     rows <= WARP_MMA_ROWS, own)
+                     rows <= WARP_MMA_ROWS, own, small_pages, long_streams)
 
 
 class CombineBuild(NamedTuple):
@@ -665,22 +670,27 @@ def rows_per_cta(dim_v: int, max_splits: int, per_round: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool = True, own: bool = False) -> Schedule:
+def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool = True, own: bool = False,
+              small_pages: bool = False, long_streams: bool = False) -> Schedule:
+    from .warp_mma import supports
+
     override = dict(override)
     forced = override.pop("combine_round", 0)  # developer switch: one combine, this round, rows per call
-    if cache_dtype is None and not ws_16bit:
+    mma_fits = few_rows and supports(dim, dim_v)
+    # A 16-bit cache: decode_ws's mma.sync consumers for long streams (unless a switch says otherwise)
+    mma16 = cache_dtype is None and mma_fits and (long_streams if ws_16bit is None else ws_16bit and WS16_MMA)
+    if cache_dtype is None and not (ws_16bit or mma16):
         combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode"]
         cfg = {**decode_config(dim, dim_v), **override}
         return Schedule(decode_kernel, cfg, ctas_per_sm(cfg, dim, dim_v, 2), 1, combines)
     from .decode_ws import decode_ws_kernel, ws_config
-    from .warp_mma import supports
 
     cache_dtype = cache_dtype or dtype
     fp8 = "float8" in cache_dtype
     # developer switch ``warp_mma`` (0: the widening consumers for every FP8 cache; 1 with ``WS_16BIT``:
-    # the mma.sync consumers for a 16-bit cache, staged in the nineteenth session, not yet run on a GPU)
+    # the mma.sync consumers for a 16-bit cache)
     want = override.pop("warp_mma", None)
-    warp_mma = (bool(want) if want is not None else fp8 or WS16_MMA) and few_rows and supports(dim, dim_v)
+    warp_mma = (bool(want) if want is not None else fp8 or mma16) and mma_fits
     # developer switch ``own_workers`` (1: each mma.sync consumer a worker of its own; 0: they share their CTA's parts)
     own = bool(override.pop("own_workers", own)) and warp_mma
     combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode_ws"]
@@ -689,19 +699,22 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool
     if own:
         cfg["own_workers"] = True
         combines = tuple(b._replace(single_stored=True) for b in combines)
+    elif warp_mma and small_pages and "split_producer" not in override:
+        cfg["split_producer"] = True
     return Schedule(decode_ws_kernel, cfg, 1, cfg["consumers"], combines)
 
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
                        cache_dtype: str | None = None, sched: Schedule | None = None, rows: int = 1,
-                       many_segments: bool = False):
+                       many_segments: bool = False, small_pages: bool = False, long_streams: bool = False):
     """(decode, combine, ...) compiled for one static structure (``cache_dtype``: None, or
     ``"float8_e4m3fn"`` for an FP8 cache; ``rows``: a kv head's query rows, and
-    ``many_segments``, which pick the FP8 schedule; ``sched``: its ``decode_schedule`` when
-    the caller has it): the decode kernel, then one combine kernel per ``sched.combines``."""
+    ``many_segments``, ``small_pages``, ``long_streams``, which pick the schedule:
+    ``decode_schedule``; ``sched``: that schedule when the caller has it): the decode kernel,
+    then one combine kernel per ``sched.combines``."""
     from . import cache
 
-    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype, rows, many_segments)
+    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype, rows, many_segments, small_pages, long_streams)
     decode = cache.get(sched.kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
                        has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
@@ -768,6 +781,31 @@ def own_workers_pay(segments: int, n_blocks: int, sms: int) -> bool:
     return n_blocks <= OWN_WORKER_BLOCKS or segments / (-(-segments // sms) * sms) < 0.9
 
 
+def split_producer_pays(paged: bool, page_size: int) -> bool:
+    """Whether an FP8 call's shared-part ``warp_mma`` consumers each take a producer warp of
+    their own (``decode_schedule``'s ``small_pages``): pages smaller than a 64-key block that
+    TMA copies in boxes of 16 rows, where one producer thread's four lookups and eight box
+    issues per block paced both consumers.  Measured on an H200 (NOTES, twentieth session,
+    shared producer -> split): B=8 32k pages of 16 139.3 -> 134.3 us (88.1 -> 91.4% of the
+    bandwidth), 4 query tokens 141.3 -> 136.9, B=1 131k 72.8 -> 71.8; contiguous 125.9 ->
+    126.5 (one box per block: no gain, so it keeps the shared producer).  Pages that are no
+    multiple of 16 (by-row copies) were not measured and keep it too."""
+    from .decode_ws import TMA_BOX
+
+    return paged and page_size < WARP_MMA_BLOCK_N and page_size % TMA_BOX == 0
+
+
+def ws16_pays(paged: bool, page_size: int, n_blocks: int) -> bool:
+    """Whether a 16-bit call takes ``decode_ws``'s mma.sync consumers with TMA instead of
+    ``decode_kernel`` (``decode_schedule``'s ``long_streams``): segments of more than
+    ``LONG_STREAM_BLOCKS`` 64-key blocks (``n_blocks``) that each lie on one page (contiguous,
+    or pages of a multiple of 64 rows; smaller pages would take by-row copies).  Measured on an
+    H200 (NOTES, twentieth session, ``decode_kernel`` -> these, us): B=8 32k 243.7 -> 241.8,
+    4 query tokens 249.7 -> 243.5, pages of 256 245.8 -> 243.5, B=64 32k 1910 -> 1894; but B=32
+    8k (132 blocks) 242.6 -> 245.8 and B=1 8k 12.1 -> 13.1, which keep ``decode_kernel``."""
+    return n_blocks > LONG_STREAM_BLOCKS and (not paged or page_size % WARP_MMA_BLOCK_N == 0)
+
+
 def whole_segment_ctas(segments: int, slots: int, per: int) -> int:
     """``own_workers`` with at least as many segments as CTA slots: the most CTAs, at least 90%
     of the slots, whose ``per`` workers each take a whole number of whole segments (B=32 8k,
@@ -801,9 +839,12 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
-    capacity = k_cache.shape[1] * table.shape[1]
-    many = fp8 and own_workers_pay(segments, -(-capacity // WARP_MMA_BLOCK_N), target.sm_count(dev))
-    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many)
+    capacity, page_size, paged = k_cache.shape[1] * table.shape[1], k_cache.shape[1], block_table is not None
+    blocks64 = -(-capacity // WARP_MMA_BLOCK_N)
+    many = fp8 and own_workers_pay(segments, blocks64, target.sm_count(dev))
+    small = fp8 and split_producer_pays(paged, page_size)
+    long16 = not fp8 and ws16_pays(paged, page_size, blocks64)
+    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many, small, long16)
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),
                                        lambda: (sched, *get_decode_kernels(*structure, sched)))
@@ -833,7 +874,6 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         lsepart = debug.new_output((rows_total,), torch.float32, dev)
     else:  # the partials are neither written nor read
         opart, lsepart = launch.placeholder((1, dv), dev), launch.placeholder((1,), dev)
-    page_size = k_cache.shape[1]
     if block_table is None:
         # A contiguous cache is one page per entry: every visible key j < capacity < 2^31 is on
         # page j >> 31 = 0, so the lookup neither divides nor needs a power-of-two capacity

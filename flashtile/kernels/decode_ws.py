@@ -45,8 +45,9 @@ fp16 subnormals, larger ones overflow) and P is rounded to fp16 (3 more mantissa
 bf16).  Output and lse are as ``decode.py``'s (same kernel arguments, same combine kernel).
 
 A 16-bit cache can take the same schedule (``cache_dtype == dtype``: no widening, the
-consumers read the ring; ``decode.WS_16BIT``, a developer switch: it measured slower than
-``decode.py`` with one consumer).
+consumers read the ring): on the ``warp_mma`` consumers with TMA for long streams
+(``decode.ws16_pays``: 0.8-2.5% faster than ``decode.py`` on an H200), on the WGMMA ones only
+under the developer switch ``decode.WS_16BIT`` (slower than ``decode.py`` everywhere).
 
 Shared memory at d = 128, 64-key blocks, three consumers: the Q tile once per consumer (48 KB)
 + 3 raw stages (48 KB) + three fp16 K/V tiles (96 KB) = 195 KB, one CTA (512 threads) per SM;
@@ -198,10 +199,10 @@ def decode_ws_kernel(
     C-th block of the CTA's parts: half the parts per consumer, and a segment that lies within
     one worker's share is stored as O and lse directly (no partial, no combine).  Producer warp
     w streams worker ``c C + w``'s blocks into consumer w's stages (one lane issues the TMA);
-    the producer's other warps idle.  ``split_producer`` (developer switch, staged in the
-    nineteenth session and not yet run on a GPU: NOTES): the same producer warps for the shared
-    parts (warp w issues consumer w's every C-th block), so one thread's lookups and TMA issues
-    per block no longer serialise both consumers' streams."""
+    the producer's other warps idle.  ``split_producer`` (pages smaller than a block:
+    ``decode.split_producer_pays``): the same producer warps for the shared parts (warp w
+    issues consumer w's every C-th block), so one thread's lookups and TMA issues per block no
+    longer serialise both consumers' streams."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy

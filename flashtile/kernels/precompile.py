@@ -63,9 +63,12 @@ def build(p: str, kwargs: dict) -> str:
         from .append import get_append_kernels
 
         get_decode_kernels(**kwargs)
-        if kwargs.get("cache_dtype"):  # FP8: every schedule (``decode_schedule``'s rows and segments)
+        if kwargs.get("cache_dtype"):  # FP8: every schedule (``decode_schedule``'s rows, segments, pages)
             get_decode_kernels(**kwargs, rows=1 << 30)
             get_decode_kernels(**kwargs, many_segments=True)
+            get_decode_kernels(**kwargs, small_pages=True)
+        else:  # 16-bit: long streams on decode_ws (the same schedule as above where it does not apply)
+            get_decode_kernels(**kwargs, long_streams=True)
         get_append_kernels(kwargs["dim"], kwargs["dim_v"], kwargs["dtype"], kwargs.get("cache_dtype"))
     elif "fwd8" in p:  # the FP8 forward and its V^T pre-pass
         from .transpose_v import get_kernel
