@@ -20,7 +20,7 @@
 # PyTorch) and splits its reports by the reading kernel: flashtile's own reads of unwritten memory
 # always fail the run; PyTorch reads of flashtile outputs count as the TMA-store blind spot only
 # when the probe shows that blind spot (plain store clean, TMA store reported).
-# TOOLS="memcheck initcheck" runs a subset; CASES=<substring> restricts the driver's cases (-k).
+# TOOLS="memcheck initcheck" runs a subset; CASES=<substring> restricts the driver's cases (-k; "a|b": either).
 # PyTorch's caching allocator is off under the tools (PYTORCH_NO_CUDA_MEMORY_CACHING=1): every
 # tensor is its own cudaMalloc, so an out-of-bounds access cannot land silently in a neighbouring
 # tensor of the same segment (memcheck), and a fresh output really is uninitialized (initcheck;

@@ -452,7 +452,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="poison outputs and compare with the CPU reference")
     ap.add_argument("--precompile", action="store_true", help="only build the cases' kernels (parallel, disk cache)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
-    ap.add_argument("-k", default="", help="run only cases whose name contains this")
+    ap.add_argument("-k", default="", help="run only cases whose name contains this (alternatives split by '|')")
     ap.add_argument("--device", default=os.environ.get("SANITIZE_DEVICE", "cuda"),
                     help="cpu: smoke-test the driver on the reference path (env SANITIZE_DEVICE)")
     ap.add_argument("--list", action="store_true", help="print the cases and the kernel structures, run nothing")
@@ -460,7 +460,7 @@ def main(argv=None) -> int:
     global DEVICE
     DEVICE = args.device
 
-    cases = [c for c in CASES if args.k in c.name and available(c)]
+    cases = [c for c in CASES if any(k in c.name for k in args.k.split("|")) and available(c)]
     skipped = [c.name for c in CASES if not available(c)]
     if skipped:
         print(f"not in this flashtile (skipped): {', '.join(skipped)}", flush=True)
