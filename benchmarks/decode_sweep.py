@@ -58,6 +58,7 @@ def main(argv=None) -> int:
                                                    "64:4096:1:contig", "8:32768:4:contig"], help="B:L:sq:layout")
     ap.add_argument("--fp8", action="store_true", help="an FP8 copy of each cache (decode_ws)")
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--cudnn", action="store_true", help="also time cuDNN SDPA on each contiguous 16-bit case")
     args = ap.parse_args(argv)
     from flashtile.kernels import decode as dm
 
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
             dm.get_decode_kernels(128, 128, "bfloat16", False, False, cache_dtype)
         return 0
     from flashtile import flash_attn_with_kvcache
-    from flashtile.bench_decode import D, DT, H, HKV, LAYOUTS, as_layout, bench_graph, quantize_cache, read_bandwidth
+    from flashtile.bench_decode import D, DT, H, HKV, LAYOUTS, as_layout, bench_graph, quantize_cache, read_bandwidth, sdpa_fn
 
     bw = read_bandwidth()
     print(f"{torch.cuda.get_device_name()}; read bandwidth {bw / 1e9:.0f} GB/s")
@@ -106,6 +107,10 @@ def main(argv=None) -> int:
             print(f"{case:>18} {str(v):56s} {t * 1e6:8.1f} us {100 * nbytes / t / bw:5.1f} %bw{vs}  diff {diff:.1e}",
                   flush=True)
         dm.CFG_OVERRIDE, dm.WS_16BIT, dm.FRACTIONAL = None, None, None
+        if args.cudnn and layout == "contig" and not args.fp8:
+            t = bench_graph(sdpa_fn("cudnn", q, kc, vc, L, sq))
+            if t:
+                print(f"{case:>18} {'cuDNN SDPA':56s} {t * 1e6:8.1f} us {100 * nbytes / t / bw:5.1f} %bw", flush=True)
         del kc, vc, kcache, vcache
     return 0
 

@@ -557,9 +557,13 @@ def test_per_call_schedule_rules_split_producer_and_16bit_long_streams():
 
     assert [p for p in (1, 8, 16, 32, 48, 64, 80, 256) if dm.split_producer_pays(True, p)] == [16, 32, 48]
     assert not dm.split_producer_pays(False, 16)  # a contiguous cache of 16 rows is one page: whole-block boxes
-    long16 = {keys: dm.ws16_pays(False, keys + 256, -(-(keys + 256) // 64)) for keys in (2048, 4096, 8192, 32768, 131072)}
-    assert [k for k, v in long16.items() if v] == [32768, 131072]
-    assert [p for p in (16, 32, 64, 96, 128, 256) if dm.ws16_pays(True, p, 516)] == [64, 128, 256]
+    long16 = {}
+    for b, keys in ((1, 8192), (8, 32768), (12, 32768), (16, 16384), (32, 8192), (64, 4096), (128, 2048), (1, 131072)):
+        blocks = -(-(keys + 256) // 64)
+        long16[b, keys] = dm.ws16_pays(False, keys + 256, blocks, dm.own_workers_pay(8 * b, blocks, 132))
+    assert [k for k, v in long16.items() if not v] == [(1, 8192)], "latency-bound B=1 8k keeps decode_kernel"
+    assert [p for p in (16, 32, 64, 96, 128, 256) if dm.ws16_pays(True, p, 516, False)] == [64, 128, 256]
+    assert not dm.ws16_pays(True, 16, 40, True) and dm.ws16_pays(True, 64, 40, True)
     if dm.WS_16BIT is None and dm.OWN_WORKERS == "auto":  # the defaults (the GPU suite may set the switches)
         fp8 = dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 4, small_pages=True)
         assert fp8.cfg.get("split_producer") and fp8.cfg["warp_mma"]
@@ -571,6 +575,9 @@ def test_per_call_schedule_rules_split_producer_and_16bit_long_streams():
         s16 = dm.decode_schedule(128, 128, "bfloat16", None, 4, long_streams=True)
         assert s16.kernel is decode_ws_kernel and s16.cfg["warp_mma"] and s16.cfg["cache_dtype"] == "bfloat16"
         assert not s16.cfg.get("split_producer") and not s16.cfg.get("own_workers")
+        own16 = dm.decode_schedule(128, 128, "bfloat16", None, 4, many_segments=True, long_streams=True)
+        assert own16.cfg["own_workers"] and own16.kernel is decode_ws_kernel
+        assert dm.decode_schedule(128, 128, "bfloat16", None, 4, many_segments=True).kernel is dm.decode_kernel
         for rows, d in ((32, 128), (4, 256)):  # no mma.sync consumers for these: decode_kernel
             assert dm.decode_schedule(d, d, "bfloat16", None, rows, long_streams=True).kernel is dm.decode_kernel
 
@@ -898,16 +905,19 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap, rows, many):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("dtype,cache_dtype", [("bfloat16", "float8_e4m3fn"), ("float16", None)])
-def test_build_decode_split_producer_and_16bit_long_streams(dtype, cache_dtype):
+@pytest.mark.parametrize("dtype,cache_dtype,many", [("bfloat16", "float8_e4m3fn", False), ("float16", None, False),
+                                                    ("float16", None, True)])
+def test_build_decode_split_producer_and_16bit_long_streams(dtype, cache_dtype, many):
     """The schedules of ``split_producer_pays`` and ``ws16_pays``: FP8 pages smaller than a
     block, each consumer's producer warp electing its own TMA lane over the shared parts; a
     16-bit cache's long streams on ``decode_ws``'s mma.sync consumers, 16-bit operands straight
     from the TMA-filled ring (no widening) and V through ldmatrix.trans."""
     from flashtile.kernels import decode as dm
 
-    kind = {"small_pages": True} if cache_dtype else {"long_streams": True}
+    kind = {"small_pages": True} if cache_dtype else {"long_streams": True, "many_segments": many}
     src = dm.get_decode_kernels(128, 128, dtype, True, False, cache_dtype, rows=4, **kind)[0].get_kernel_source()
+    if many and dm.OWN_WORKERS != "0":  # 16-bit own workers: a TMA lane per producer warp, sinks folded into direct stores
+        assert "tl_shuffle_elect<32>" in src and "sink2" in src
     assert "tl::tma_load(K_desc" in src and "tl::tma_load(V_desc" in src and "wgmma" not in src
     assert "ptx_ldmatrix_x4_trans" in src and "__launch_bounds__(384, 1)" in src
     if cache_dtype:

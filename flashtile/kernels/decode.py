@@ -369,6 +369,7 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
+    pdl_wait: bool = False,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
@@ -377,6 +378,10 @@ def decode_kernel(
     measured 1% slower than 32 on the H100).  The splits are uniform: ``num_splits`` per
     segment.  (``decode_ws``'s CTA shares, fractional or persistent, measured slower here:
     B=12 32k -0.8%, B=1 131k -1.5%, B=1 8k -12%; NOTES, sixteenth session.)
+
+    ``pdl_wait`` (developer switch, twentieth session): the kernel waits for the kernel before
+    it in the stream (griddepcontrol.wait, before its first global read), so TileLang launches
+    it as a programmatic dependent launch and its launch overlaps that kernel's tail.
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -497,6 +502,8 @@ def decode_kernel(
             # resident, in its griddepcontrol.wait) once every decode CTA has started,
             # instead of after the last one ends.  A no-op when nothing depends on this launch.
             T.pdl_trigger()
+            if pdl_wait:  # everything read below may come from the kernel before (the append)
+                T.pdl_sync()
             # Segment g = (entry, kv head, row tile) in ``schedule``'s order, split ``split``
             # of ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot
             # that + g.
@@ -611,8 +618,8 @@ def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = 
     them a worker of its own (``own_workers``) when the call has at least as many segments as
     SMs (``many_segments``), else each fed by a producer warp of its own (``split_producer``)
     when the call's pages are smaller than a key block (``small_pages``: ``split_producer_pays``).
-    A 16-bit cache takes ``decode_ws``'s mma.sync consumers too for long streams
-    (``long_streams``: ``ws16_pays``) at up to 16 rows.  All take the same kernel arguments.  On
+    A 16-bit cache takes ``decode_ws``'s mma.sync consumers too for long streams or many
+    segments (``long_streams``: ``ws16_pays``) at up to 16 rows.  All take the same kernel arguments.  On
     every call's host path: memoised."""
     if cache_dtype == dtype:
         cache_dtype = None
@@ -795,15 +802,18 @@ def split_producer_pays(paged: bool, page_size: int) -> bool:
     return paged and page_size < WARP_MMA_BLOCK_N and page_size % TMA_BOX == 0
 
 
-def ws16_pays(paged: bool, page_size: int, n_blocks: int) -> bool:
+def ws16_pays(paged: bool, page_size: int, n_blocks: int, many_segments: bool) -> bool:
     """Whether a 16-bit call takes ``decode_ws``'s mma.sync consumers with TMA instead of
-    ``decode_kernel`` (``decode_schedule``'s ``long_streams``): segments of more than
-    ``LONG_STREAM_BLOCKS`` 64-key blocks (``n_blocks``) that each lie on one page (contiguous,
-    or pages of a multiple of 64 rows; smaller pages would take by-row copies).  Measured on an
-    H200 (NOTES, twentieth session, ``decode_kernel`` -> these, us): B=8 32k 243.7 -> 241.8,
-    4 query tokens 249.7 -> 243.5, pages of 256 245.8 -> 243.5, B=64 32k 1910 -> 1894; but B=32
-    8k (132 blocks) 242.6 -> 245.8 and B=1 8k 12.1 -> 13.1, which keep ``decode_kernel``."""
-    return n_blocks > LONG_STREAM_BLOCKS and (not paged or page_size % WARP_MMA_BLOCK_N == 0)
+    ``decode_kernel`` (``decode_schedule``'s ``long_streams``; with ``many_segments``,
+    ``own_workers_pay``, as workers of their own): segments of more than ``LONG_STREAM_BLOCKS``
+    64-key blocks (``n_blocks``), or many segments, whose blocks each lie on one page
+    (contiguous, or pages of a multiple of 64 rows; smaller pages would take by-row copies).
+    Measured on an H200 (NOTES, twentieth session, ``decode_kernel`` -> these, us): B=8 32k
+    243.7 -> 241.8, 4 query tokens 249.7 -> 243.5, pages of 256 245.8 -> 243.5, B=12 32k 366.9
+    -> 360.5, B=16 16k 244.3 -> 241.0, B=64 32k 1910 -> 1894, B=1 131k 125.4 -> 125.5; own
+    workers: B=32 8k 242.6 -> 237.2, B=64 4k 246.5 -> 238.3, B=128 2k 251.7 -> 247.8 (shared
+    ones lost B=32 8k: 245.8).  B=1 8k (12.1 -> 13.1: latency) keeps ``decode_kernel``."""
+    return (n_blocks > LONG_STREAM_BLOCKS or many_segments) and (not paged or page_size % WARP_MMA_BLOCK_N == 0)
 
 
 def whole_segment_ctas(segments: int, slots: int, per: int) -> int:
@@ -841,9 +851,9 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
     capacity, page_size, paged = k_cache.shape[1] * table.shape[1], k_cache.shape[1], block_table is not None
     blocks64 = -(-capacity // WARP_MMA_BLOCK_N)
-    many = fp8 and own_workers_pay(segments, blocks64, target.sm_count(dev))
+    many = own_workers_pay(segments, blocks64, target.sm_count(dev))
     small = fp8 and split_producer_pays(paged, page_size)
-    long16 = not fp8 and ws16_pays(paged, page_size, blocks64)
+    long16 = not fp8 and ws16_pays(paged, page_size, blocks64, many)
     sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many, small, long16)
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),

@@ -67,8 +67,9 @@ def build(p: str, kwargs: dict) -> str:
             get_decode_kernels(**kwargs, rows=1 << 30)
             get_decode_kernels(**kwargs, many_segments=True)
             get_decode_kernels(**kwargs, small_pages=True)
-        else:  # 16-bit: long streams on decode_ws (the same schedule as above where it does not apply)
+        else:  # 16-bit: long streams or many segments on decode_ws (``decode_kernel`` where it does not apply)
             get_decode_kernels(**kwargs, long_streams=True)
+            get_decode_kernels(**kwargs, long_streams=True, many_segments=True)
         get_append_kernels(kwargs["dim"], kwargs["dim_v"], kwargs["dtype"], kwargs.get("cache_dtype"))
     elif "fwd8" in p:  # the FP8 forward and its V^T pre-pass
         from .transpose_v import get_kernel
