@@ -369,7 +369,6 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
-    pdl_wait: bool = False,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
@@ -378,10 +377,6 @@ def decode_kernel(
     measured 1% slower than 32 on the H100).  The splits are uniform: ``num_splits`` per
     segment.  (``decode_ws``'s CTA shares, fractional or persistent, measured slower here:
     B=12 32k -0.8%, B=1 131k -1.5%, B=1 8k -12%; NOTES, sixteenth session.)
-
-    ``pdl_wait`` (developer switch, twentieth session): the kernel waits for the kernel before
-    it in the stream (griddepcontrol.wait, before its first global read), so TileLang launches
-    it as a programmatic dependent launch and its launch overlaps that kernel's tail.
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -502,8 +497,6 @@ def decode_kernel(
             # resident, in its griddepcontrol.wait) once every decode CTA has started,
             # instead of after the last one ends.  A no-op when nothing depends on this launch.
             T.pdl_trigger()
-            if pdl_wait:  # everything read below may come from the kernel before (the append)
-                T.pdl_sync()
             # Segment g = (entry, kv head, row tile) in ``schedule``'s order, split ``split``
             # of ``num_splits`` (uniform shares): worker ``g * num_splits + split``, slot
             # that + g.
