@@ -432,7 +432,12 @@ def decode_kernel(
         q_s = T.alloc_shared([block_m, dim], dtype)
         k_s = T.alloc_shared([block_n, dim], dtype)
         v_s = T.alloc_shared([block_n, dim_v], dtype)
-        row_s = T.alloc_shared([chunk * block_n], T.int32)  # cache row of each key of a chunk
+        # The cache row of each key of a chunk, in static shared memory: in the merged dynamic
+        # allocation TileLang's sync pass cannot tell its reads from the K/V tiles' cp.async
+        # writes and put two __syncthreads around every row read of the copy loop (16 a
+        # block at d = 128); on its own, one a block remains (H200, B=1 8k 12.2 -> 12.0 us:
+        # NOTES, twentieth session).
+        row_s = T.alloc_shared([chunk * block_n], T.int32, scope="shared")
         return (q_s, k_s, v_s, row_s, *row_tables(block_m), *tile_fragments(block_m, block_n, dim_v, dtype))
 
     @T.macro
