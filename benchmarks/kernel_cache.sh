@@ -33,6 +33,8 @@ case ${1:-} in
     fi
     pc="python3 -m flashtile.kernels.precompile --jobs ${2:-2}"
     groups=${*:3}; groups=${groups:-dense varlen fp8 decode}
+    stamp=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver/.fill_groups  # what ran since `mark` (`prune` checks)
+    echo "$groups" >> "$stamp"
     for g in $groups; do
       case $g in
         dense)  # tests/test_gpu_kernels.py, test_gpu_integration.py, test_degenerate.py, flashtile bench
@@ -62,10 +64,19 @@ case ${1:-} in
     # mtime, so `mark` sets every atime far back and `prune` removes the entries that no process
     # read since (run the fills, and sanitize_cases.py --precompile, in between).
     dir=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver/linux-x86_64/kernels
+    stamp=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver/.fill_groups
     if [ "$1" = mark ]; then
+      : > "$stamp"
       find "$dir" -type f -exec touch -a -d 2000-01-01 {} +
       echo "marked $(ls "$dir" | wc -l) entries"
     else
+      # A fill of some groups only leaves the others unread: pruning then would delete them.
+      for g in dense varlen fp8 decode; do
+        if ! grep -qw "$g" "$stamp" 2>/dev/null; then
+          echo "prune: no '$g' fill since mark (fill every group first, or the others' kernels are deleted)" >&2
+          exit 1
+        fi
+      done
       n=0
       for e in "$dir"/*/; do
         if [ -z "$(find "$e" -type f -newerat 2001-01-01 | head -1)" ]; then rm -rf "$e"; n=$((n + 1)); fi
@@ -84,4 +95,4 @@ case ${1:-} in
       echo "unpacked $(ls "$dst/linux-x86_64/kernels" | wc -l) kernels into $dst"
     fi;;
   *) echo "usage: $0 fill|mark|prune|pack|unpack" >&2; exit 2;;
-esac
+esac; exit  # read to here before running: an edit while a fill runs cannot change what it runs next
