@@ -547,10 +547,11 @@ def test_own_workers_take_whole_segments_when_they_divide():
         assert ctas == 132 or (ctas >= 119 and segments % (2 * ctas) == 0), (segments, ctas)
 
 
-def test_per_call_schedule_rules_split_producer_and_16bit_long_streams():
+def test_per_call_schedule_rules_split_producer_and_16bit_on_decode_ws():
     """FP8 pages smaller than a block (in 16-row TMA boxes) give each shared-part consumer a
-    producer warp of its own (``split_producer_pays``); 16-bit long streams whose blocks lie on
-    one page take ``decode_ws``'s mma.sync consumers (``ws16_pays``), the rest ``decode_kernel``.
+    producer warp of its own (``split_producer_pays``); 16-bit long streams and many-segment
+    calls whose blocks lie on one page take ``decode_ws``'s mma.sync consumers (``ws16_pays``;
+    as workers of their own for many segments), the rest ``decode_kernel``.
     The issue's cases: d = 128, 8 kv heads, ``L + 256`` cache rows."""
     from flashtile.kernels import decode as dm
     from flashtile.kernels.decode_ws import decode_ws_kernel
@@ -572,14 +573,14 @@ def test_per_call_schedule_rules_split_producer_and_16bit_long_streams():
         assert own.cfg.get("own_workers") and not own.cfg.get("split_producer"), "own workers have their warps already"
         wide = dm.decode_schedule(128, 128, "bfloat16", "float8_e4m3fn", 32, small_pages=True)
         assert not wide.cfg.get("split_producer") and not wide.cfg.get("warp_mma")
-        s16 = dm.decode_schedule(128, 128, "bfloat16", None, 4, long_streams=True)
+        s16 = dm.decode_schedule(128, 128, "bfloat16", None, 4, ws16=True)
         assert s16.kernel is decode_ws_kernel and s16.cfg["warp_mma"] and s16.cfg["cache_dtype"] == "bfloat16"
         assert not s16.cfg.get("split_producer") and not s16.cfg.get("own_workers")
-        own16 = dm.decode_schedule(128, 128, "bfloat16", None, 4, many_segments=True, long_streams=True)
+        own16 = dm.decode_schedule(128, 128, "bfloat16", None, 4, many_segments=True, ws16=True)
         assert own16.cfg["own_workers"] and own16.kernel is decode_ws_kernel
         assert dm.decode_schedule(128, 128, "bfloat16", None, 4, many_segments=True).kernel is dm.decode_kernel
         for rows, d in ((32, 128), (4, 256)):  # no mma.sync consumers for these: decode_kernel
-            assert dm.decode_schedule(d, d, "bfloat16", None, rows, long_streams=True).kernel is dm.decode_kernel
+            assert dm.decode_schedule(d, d, "bfloat16", None, rows, ws16=True).kernel is dm.decode_kernel
 
 
 @pytest.mark.parametrize("segments,ctas", [(1024, 128), (1056, 132), (160, 132), (64, 128), (8, 128), (3, 5),
@@ -907,14 +908,15 @@ def test_build_decode_fp8_cache(d, dv, dtype, sinks, softcap, rows, many):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("dtype,cache_dtype,many", [("bfloat16", "float8_e4m3fn", False), ("float16", None, False),
                                                     ("float16", None, True)])
-def test_build_decode_split_producer_and_16bit_long_streams(dtype, cache_dtype, many):
+def test_build_decode_split_producer_and_16bit_on_decode_ws(dtype, cache_dtype, many):
     """The schedules of ``split_producer_pays`` and ``ws16_pays``: FP8 pages smaller than a
     block, each consumer's producer warp electing its own TMA lane over the shared parts; a
-    16-bit cache's long streams on ``decode_ws``'s mma.sync consumers, 16-bit operands straight
-    from the TMA-filled ring (no widening) and V through ldmatrix.trans."""
+    16-bit cache's long streams (and, ``many``, many segments on workers of their own) on
+    ``decode_ws``'s mma.sync consumers, 16-bit operands straight from the TMA-filled ring (no
+    widening) and V through ldmatrix.trans."""
     from flashtile.kernels import decode as dm
 
-    kind = {"small_pages": True} if cache_dtype else {"long_streams": True, "many_segments": many}
+    kind = {"small_pages": True} if cache_dtype else {"ws16": True, "many_segments": many}
     src = dm.get_decode_kernels(128, 128, dtype, True, False, cache_dtype, rows=4, **kind)[0].get_kernel_source()
     if many and dm.OWN_WORKERS != "0":  # 16-bit own workers: a TMA lane per producer warp, sinks folded into direct stores
         assert "tl_shuffle_elect<32>" in src and "sink2" in src

@@ -526,7 +526,7 @@ ROW_CHUNK_BLOCKS = 32
 # Developer switches, part of the schedule's memo key (the bench and the sweeps set them
 # between calls): FLASHTILE_DECODE_WS16 sends 16-bit caches through decode_ws's schedule for
 # every call ("1": the WGMMA consumers; "mma": the mma.sync ones where they apply), for none
-# ("0": ``decode_kernel`` always), or, unset, the long streams only (``ws16_pays``);
+# ("0": ``decode_kernel`` always), or, unset, the long streams and many-segment calls (``ws16_pays``);
 # CFG_OVERRIDE forces tile parameters of whichever schedule runs (benchmarks/decode_sweep.py,
 # ``flashtile bench --decode --tiles``).
 WS_16BIT: bool | None = {"1": True, "mma": True, "0": False}.get(os.environ.get("FLASHTILE_DECODE_WS16", ""))
@@ -608,7 +608,7 @@ class Schedule(NamedTuple):
 
 
 def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = None, rows: int = 1,
-                    many_segments: bool = False, small_pages: bool = False, long_streams: bool = False) -> Schedule:
+                    many_segments: bool = False, small_pages: bool = False, ws16: bool = False) -> Schedule:
     """``decode_kernel`` for a cache in q's dtype; ``decode_ws.decode_ws_kernel``
     (warp-specialised: a producer and two or three consumer warpgroups, one CTA per SM) for an
     FP8 cache, its consumers on warp-level mma.sync (``warp_mma``) when a kv head's query rows
@@ -617,14 +617,14 @@ def decode_schedule(dim: int, dim_v: int, dtype: str, cache_dtype: str | None = 
     SMs (``many_segments``), else each fed by a producer warp of its own (``split_producer``)
     when the call's pages are smaller than a key block (``small_pages``: ``split_producer_pays``).
     A 16-bit cache takes ``decode_ws``'s mma.sync consumers too for long streams or many
-    segments (``long_streams``: ``ws16_pays``) at up to 16 rows.  All take the same kernel arguments.  On
+    segments (``ws16``: ``ws16_pays``) at up to 16 rows.  All take the same kernel arguments.  On
     every call's host path: memoised."""
     if cache_dtype == dtype:
         cache_dtype = None
     own = OWN_WORKERS == "1" or (OWN_WORKERS == "auto" and many_segments)
     # The developer switches are part of the key (the bench and the sweep set them between calls).
     return _schedule(dim, dim_v, dtype, cache_dtype, WS_16BIT, tuple(sorted((CFG_OVERRIDE or {}).items())),
-                     rows <= WARP_MMA_ROWS, own, small_pages, long_streams)
+                     rows <= WARP_MMA_ROWS, own, small_pages, ws16)
 
 
 class CombineBuild(NamedTuple):
@@ -676,14 +676,14 @@ def rows_per_cta(dim_v: int, max_splits: int, per_round: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool = True, own: bool = False,
-              small_pages: bool = False, long_streams: bool = False) -> Schedule:
+              small_pages: bool = False, ws16: bool = False) -> Schedule:
     from .warp_mma import supports
 
     override = dict(override)
     forced = override.pop("combine_round", 0)  # developer switch: one combine, this round, rows per call
     mma_fits = few_rows and supports(dim, dim_v)
-    # A 16-bit cache: decode_ws's mma.sync consumers for long streams (unless a switch says otherwise)
-    mma16 = cache_dtype is None and mma_fits and (long_streams if ws_16bit is None else ws_16bit and WS16_MMA)
+    # A 16-bit cache: decode_ws's mma.sync consumers where ``ws16_pays`` (unless a switch says otherwise)
+    mma16 = cache_dtype is None and mma_fits and (ws16 if ws_16bit is None else ws_16bit and WS16_MMA)
     if cache_dtype is None and not (ws_16bit or mma16):
         combines = (CombineBuild(forced, 0, 1),) if forced else COMBINES["decode"]
         cfg = {**decode_config(dim, dim_v), **override}
@@ -711,15 +711,15 @@ def _schedule(dim, dim_v, dtype, cache_dtype, ws_16bit, override, few_rows: bool
 
 def get_decode_kernels(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool,
                        cache_dtype: str | None = None, sched: Schedule | None = None, rows: int = 1,
-                       many_segments: bool = False, small_pages: bool = False, long_streams: bool = False):
+                       many_segments: bool = False, small_pages: bool = False, ws16: bool = False):
     """(decode, combine, ...) compiled for one static structure (``cache_dtype``: None, or
     ``"float8_e4m3fn"`` for an FP8 cache; ``rows``: a kv head's query rows, and
-    ``many_segments``, ``small_pages``, ``long_streams``, which pick the schedule:
+    ``many_segments``, ``small_pages``, ``ws16``, which pick the schedule:
     ``decode_schedule``; ``sched``: that schedule when the caller has it): the decode kernel,
     then one combine kernel per ``sched.combines``."""
     from . import cache
 
-    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype, rows, many_segments, small_pages, long_streams)
+    sched = sched or decode_schedule(dim, dim_v, dtype, cache_dtype, rows, many_segments, small_pages, ws16)
     decode = cache.get(sched.kernel, None, dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks,
                        has_softcap=has_softcap, **sched.cfg)
     from .combine import combine_kernel
@@ -802,7 +802,7 @@ def split_producer_pays(paged: bool, page_size: int) -> bool:
 
 def ws16_pays(paged: bool, page_size: int, n_blocks: int, many_segments: bool) -> bool:
     """Whether a 16-bit call takes ``decode_ws``'s mma.sync consumers with TMA instead of
-    ``decode_kernel`` (``decode_schedule``'s ``long_streams``; with ``many_segments``,
+    ``decode_kernel`` (``decode_schedule``'s ``ws16``; with ``many_segments``,
     ``own_workers_pay``, as workers of their own): segments of more than ``LONG_STREAM_BLOCKS``
     64-key blocks (``n_blocks``), or many segments, whose blocks each lie on one page
     (contiguous, or pages of a multiple of 64 rows; smaller pages would take by-row copies).
@@ -851,8 +851,8 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     blocks64 = -(-capacity // WARP_MMA_BLOCK_N)
     many = own_workers_pay(segments, blocks64, target.sm_count(dev))
     small = fp8 and split_producer_pays(paged, page_size)
-    long16 = not fp8 and ws16_pays(paged, page_size, blocks64, many)
-    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many, small, long16)
+    ws16 = not fp8 and ws16_pays(paged, page_size, blocks64, many)
+    sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many, small, ws16)
     structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),
                                        lambda: (sched, *get_decode_kernels(*structure, sched)))

@@ -45,8 +45,8 @@ fp16 subnormals, larger ones overflow) and P is rounded to fp16 (3 more mantissa
 bf16).  Output and lse are as ``decode.py``'s (same kernel arguments, same combine kernel).
 
 A 16-bit cache can take the same schedule (``cache_dtype == dtype``: no widening, the
-consumers read the ring): on the ``warp_mma`` consumers with TMA for long streams
-(``decode.ws16_pays``: 0.8-2.5% faster than ``decode.py`` on an H200), on the WGMMA ones only
+consumers read the ring): on the ``warp_mma`` consumers with TMA for long streams and many
+segments (``decode.ws16_pays``: 0.8-3.4% faster than ``decode.py`` on an H200), on the WGMMA ones only
 under the developer switch ``decode.WS_16BIT`` (slower than ``decode.py`` everywhere).
 
 Shared memory at d = 128, 64-key blocks, three consumers: the Q tile once per consumer (48 KB)

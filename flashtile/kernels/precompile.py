@@ -68,8 +68,8 @@ def build(p: str, kwargs: dict) -> str:
             get_decode_kernels(**kwargs, many_segments=True)
             get_decode_kernels(**kwargs, small_pages=True)
         else:  # 16-bit: long streams or many segments on decode_ws (``decode_kernel`` where it does not apply)
-            get_decode_kernels(**kwargs, long_streams=True)
-            get_decode_kernels(**kwargs, long_streams=True, many_segments=True)
+            get_decode_kernels(**kwargs, ws16=True)
+            get_decode_kernels(**kwargs, ws16=True, many_segments=True)
         get_append_kernels(kwargs["dim"], kwargs["dim_v"], kwargs["dtype"], kwargs.get("cache_dtype"))
     elif "fwd8" in p:  # the FP8 forward and its V^T pre-pass
         from .transpose_v import get_kernel
