@@ -8,7 +8,10 @@ flashtile/bench_decode.py: bf16, 32 q heads, 8 kv heads, d = 128, causal, ``L + 
 ``--tiles 64x2`` forces the decode tiles (``decode.CFG_OVERRIDE``); ``--fp8`` profiles an
 float8_e4m3fn copy of each cache instead (the warp-specialised ``decode_ws`` kernel).  Each case runs once
 unprofiled (load, warm-up), then once between cudaProfilerStart/Stop, so ncu reports exactly
-that call's kernels (decode, and combine when split) in the order of the printed case labels.
+that call's kernels (decode, and combine when split) in the order of the printed case labels;
+``--cudnn`` adds cuDNN SDPA's kernels on the same cache after each (16-bit) call, e.g. the
+fixed cost of a near-empty call (``1:64:1:contig``: ours 5.4-5.8 us graph-replayed, cuDNN's
+3.3 on an H200; NOTES, twentieth session).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("cases", nargs="+", help="B:L:sq:layout, e.g. 1:8192:1:contig")
     ap.add_argument("--tiles", default="", help="block_n x stages, e.g. 64x2")
     ap.add_argument("--fp8", action="store_true", help="an FP8 copy of each cache, with its descales")
+    ap.add_argument("--cudnn", action="store_true", help="also profile cuDNN SDPA on each 16-bit case (after flashtile's call)")
     args = ap.parse_args(argv)
     from flashtile import flash_attn_with_kvcache
     from flashtile.kernels import decode as decode_mod
@@ -55,8 +59,17 @@ def main(argv=None) -> int:
         run()
         torch.cuda.synchronize()
         print(f"case {case} tiles {args.tiles or 'default'}: {2 * kc[:, :L].numel() * kc.element_size() / 2**20:.0f} MB of K+V", flush=True)
+        peer = None
+        if args.cudnn and not args.fp8:
+            from flashtile.bench_decode import sdpa_fn
+
+            peer = sdpa_fn("cudnn", q, kc, vc, L, sq)
+            peer()
+            torch.cuda.synchronize()
         torch.cuda.profiler.start()
         run()
+        if peer is not None:
+            peer()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
         del kc, vc, kcache, vcache
