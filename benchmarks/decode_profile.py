@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     if args.tiles:
         block_n, stages = (int(x) for x in args.tiles.split("x"))
         decode_mod.CFG_OVERRIDE = {"block_n": block_n, "num_stages": stages}
+        decode_mod.WS_16BIT = False  # the tiles are decode_kernel's: 16-bit calls kept off decode_ws
     dev = torch.device("cuda")
     pages = dict(LAYOUTS)
     for case in args.cases:

@@ -320,14 +320,15 @@ def run(args) -> int:
                 t = bench(call)
                 tg = bench_graph(call)
                 sweep = {}  # before the append below rewrites the cache's last sq rows
-                for tiles in tile_sweep:
+                for tiles in tile_sweep:  # decode_kernel's tiles: 16-bit calls kept off decode_ws
                     decode_mod.CFG_OVERRIDE = {"block_n": tiles[0], "num_stages": tiles[1]}
+                    ws16, decode_mod.WS_16BIT = decode_mod.WS_16BIT, False
                     try:
                         o2 = call()
                         e2 = (o2.float() - out.float()).abs().max().item()
                         sweep[f"{tiles[0]}x{tiles[1]}"] = {"s": bench_graph(call) or bench(call), "diff_vs_default": e2}
                     finally:
-                        decode_mod.CFG_OVERRIDE = None
+                        decode_mod.CFG_OVERRIDE, decode_mod.WS_16BIT = None, ws16
                 ta = bench(call_append)
                 fa_t = None
                 if fa_kvcache is not None:
