@@ -549,6 +549,9 @@ PERSISTENT_BLOCKS = 96  # decode_ws: segments of at most this many key blocks st
 OWN_WORKER_BLOCKS = 256  # FP8 cache, many segments: own workers for segments of at most this many blocks
 LONG_STREAM_BLOCKS = 256  # 16-bit cache: segments of more key blocks (of 64) take decode_ws's mma.sync consumers
 WARP_MMA_BLOCK_N = 64  # ``warp_mma.BLOCK_N`` (that module imports this one): the block of ``own_workers_pay``
+# ``decode_ws``'s FP8 cache rows per TMA box (that module imports it): any page size that is a
+# multiple of 16 takes TMA (``split_producer_pays`` reads it on every FP8 call's host path)
+TMA_BOX = 16
 WARP_MMA_ROWS = 16  # FP8 caches: a kv head's query rows (group x Sq) up to this take ``warp_mma`` consumers
 # ``warp_mma`` consumers as workers of their own (``decode_ws``'s ``own_workers``) for calls with
 # at least as many segments as SMs ("auto"; measured in NOTES, nineteenth session); "1" for every
@@ -807,8 +810,6 @@ def split_producer_pays(paged: bool, page_size: int) -> bool:
     bandwidth), 4 query tokens 141.3 -> 136.9, B=1 131k 72.8 -> 71.8; contiguous 125.9 ->
     126.5 (one box per block: no gain, so it keeps the shared producer).  Pages that are no
     multiple of 16 (by-row copies) were not measured and keep it too."""
-    from .decode_ws import TMA_BOX
-
     return paged and page_size < WARP_MMA_BLOCK_N and page_size % TMA_BOX == 0
 
 

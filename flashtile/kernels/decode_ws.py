@@ -59,7 +59,7 @@ import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 
 from .decode import BLOCK_M, GroupRows, cache_page, cache_row, decode_prim_func, row_tables, split_tile_io
-from .decode import part_count, part_tile as shared_part_tile
+from .decode import TMA_BOX, part_count, part_tile as shared_part_tile
 from .softmax import online_softmax, tile_fragments
 from .target import TARGET, WS_PASS_CONFIGS
 from . import warp_mma as wm
@@ -67,7 +67,6 @@ from . import warp_mma as wm
 FULL_ROW = T.GemmWarpPolicy.FullRow
 WIDE = "float16"  # the WGMMAs' operand type over an FP8 cache (see the module docstring)
 PRODUCER_SYNC = 10  # named barrier of the producer warpgroup (TileLang's own use low ids)
-TMA_BOX = 16  # FP8 cache rows per TMA box: any page size that is a multiple of 16 takes TMA
 CONSUMER_SYNC = 11  # named barriers 11, 12 (, 13): one per consumer warpgroup (FP8: after its widening)
 COPY_BYTES = 16  # one cp.async
 CONSUMERS = 2  # consumer warpgroups (each a partial per part) where ``ws_config`` does not choose
