@@ -369,7 +369,6 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
-    entry_ahead: bool = False,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
@@ -378,11 +377,6 @@ def decode_kernel(
     measured 1% slower than 32 on the H100).  The splits are uniform: ``num_splits`` per
     segment.  (``decode_ws``'s CTA shares, fractional or persistent, measured slower here:
     B=12 32k -0.8%, B=1 131k -1.5%, B=1 8k -12%; NOTES, sixteenth session.)
-
-    ``entry_ahead`` (developer switch, staged in the twentieth session, not yet run on a GPU):
-    a contiguous cache's one table entry per sequence is loaded before the queries, beside
-    SeqlensK, instead of per key after the key range is known, so the first K/V copies wait
-    for one round trip fewer (predicted: B=1 8k -0.3 us; NOTES).
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -412,10 +406,9 @@ def decode_kernel(
         return u * threads + tx < (tile.my_blocks - ch * chunk) * block_n
 
     @T.macro
-    def fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift, entry):
+    def fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift):
         """Issue the page-table loads of chunk ``ch``'s keys (this thread's ``per``) into
-        ``tab``, and their rows within the page into ``off`` (``entry_ahead``: a contiguous
-        cache's entries are ``entry``, loaded up front)."""
+        ``tab``, and their rows within the page into ``off``."""
         # The key and its page as registers (alloc_var), so each is computed once; as plain
         # expressions TileLang inlines them into every use (in 32 and 64 bits).
         j = T.alloc_var(T.int32)
@@ -424,10 +417,7 @@ def decode_kernel(
             if chunk_keys(tile, tx, ch, u):
                 j = tile.key((tile.kb_first + ch * chunk) * block_n + u * threads + tx)
                 pg = cache_page(j, page_size, page_shift)
-                if entry_ahead:
-                    tab[u] = T.if_then_else(page_shift == 31, entry, BlockTable[tile.b, pg])
-                else:
-                    tab[u] = BlockTable[tile.b, pg]
+                tab[u] = BlockTable[tile.b, pg]
                 off[u] = j - pg * page_size
 
     @T.macro
@@ -455,8 +445,6 @@ def decode_kernel(
                m, m_prev, m_safe, alpha, row_sum, l, lse, tile, H, Sq, page_size, page_shift, direct):
         """One tile's attention over its part of the keys, then its store (O/lse when ``direct``
         is 1, else partials)."""
-        # ``entry_ahead``: a contiguous cache's table entry (its page 0), with SeqlensK's round trip
-        entry = T.alloc_var(T.int32, init=BlockTable[tile.b, 0]) if entry_ahead else None
         load_queries(Q, q_s, tok_s, head_s, qrow_s, tile, H, Sq)
         T.clear(o)
         T.clear(l)
@@ -476,7 +464,7 @@ def decode_kernel(
         off = T.alloc_local([per], T.int32)
 
         for ch in T.serial(T.ceildiv(tile.my_blocks, chunk)):
-            fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift, entry)
+            fetch(tile, tx, ch, tab, off, BlockTable, page_size, page_shift)
             place(tile, tx, ch, tab, off, row_s, page_size)
             for it in T.Pipelined(T.min(chunk, tile.my_blocks - ch * chunk), num_stages=num_stages):
                 n0 = (tile.kb_first + ch * chunk + it) * block_n
