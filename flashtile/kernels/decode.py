@@ -369,6 +369,7 @@ def decode_kernel(
     num_stages: int = 2,
     threads: int = 128,
     chunk_blocks: int = 32,
+    key_groups: int = 4,
 ):
     """Build the split-KV decode PrimFunc for a cache in ``dtype`` (``num_stages``: 2, the row
     lookup and copy one step ahead of the compute; kept as a parameter for the cache key and
@@ -377,6 +378,11 @@ def decode_kernel(
     measured 1% slower than 32 on the H100).  The splits are uniform: ``num_splits`` per
     segment.  (``decode_ws``'s CTA shares, fractional or persistent, measured slower here:
     B=12 32k -0.8%, B=1 131k -1.5%, B=1 8k -12%; NOTES, sixteenth session.)
+
+    ``key_groups``: each thread's keys of a chunk's row lookup (16 at 64-key blocks) in that
+    many groups, each behind a test of its first key, so a split of a few blocks skips the
+    rest a group at a time instead of testing every key (B=1 8k: 4 blocks a split, 2 keys a
+    thread; H200 12.0 -> 11.6 us, 4 query tokens 14.3 -> 13.7: NOTES, twenty-first session).
 
     Kernel arguments: ``decode_prim_func``'s.
     """
@@ -399,6 +405,8 @@ def decode_kernel(
     load_queries, store = split_tile_io(dim, dim_v, dtype, dtype, has_sinks, has_softcap, block_n)
     chunk = chunk_blocks
     per = chunk * block_n // threads  # keys each thread looks up per chunk
+    assert per % key_groups == 0, (per, key_groups)
+    keys = per // key_groups  # a thread's keys per group (``key_groups``)
 
     def chunk_keys(tile, tx, ch, u):
         """Whether thread key ``u`` of chunk ``ch`` is one of this CTA's keys (a split may hold
@@ -413,19 +421,23 @@ def decode_kernel(
         # expressions TileLang inlines them into every use (in 32 and 64 bits).
         j = T.alloc_var(T.int32)
         pg = T.alloc_var(T.int32)
-        for u in T.unroll(per):
-            if chunk_keys(tile, tx, ch, u):
-                j = tile.key((tile.kb_first + ch * chunk) * block_n + u * threads + tx)
-                pg = cache_page(j, page_size, page_shift)
-                tab[u] = BlockTable[tile.b, pg]
-                off[u] = j - pg * page_size
+        for g in T.unroll(key_groups):
+            if chunk_keys(tile, tx, ch, g * keys):
+                for v in T.unroll(keys):
+                    if chunk_keys(tile, tx, ch, g * keys + v):
+                        j = tile.key((tile.kb_first + ch * chunk) * block_n + (g * keys + v) * threads + tx)
+                        pg = cache_page(j, page_size, page_shift)
+                        tab[g * keys + v] = BlockTable[tile.b, pg]
+                        off[g * keys + v] = j - pg * page_size
 
     @T.macro
     def place(tile, tx, ch, tab, off, row_s, page_size):
         """Chunk ``ch``'s cache rows into ``row_s`` (the copies' table) from ``fetch``'s loads."""
-        for u in T.unroll(per):
-            if chunk_keys(tile, tx, ch, u):
-                row_s[u * threads + tx] = tab[u] * page_size + off[u]
+        for g in T.unroll(key_groups):
+            if chunk_keys(tile, tx, ch, g * keys):
+                for v in T.unroll(keys):
+                    if chunk_keys(tile, tx, ch, g * keys + v):
+                        row_s[(g * keys + v) * threads + tx] = tab[g * keys + v] * page_size + off[g * keys + v]
 
     def tiles():
         """The CTA's shared tiles and register fragments."""
@@ -522,6 +534,9 @@ MAX_SPLITS = 128
 # Key blocks whose cache rows are looked up at once (row_s: 8 KB at 64-key blocks); each chunk
 # restarts the K/V pipeline, so about 1/ROW_CHUNK_BLOCKS of the loads are not overlapped.
 ROW_CHUNK_BLOCKS = 32
+# Groups of each thread's keys in a chunk's row lookup (``decode_kernel``'s ``key_groups``): 4
+# measured as fast as 4-block chunks on short splits and as 32-block chunks on long streams.
+KEY_GROUPS = 4
 
 # Developer switches, part of the schedule's memo key (the bench and the sweeps set them
 # between calls): FLASHTILE_DECODE_WS16 sends 16-bit caches through decode_ws's schedule for
@@ -560,7 +575,8 @@ def decode_config(dim: int, dim_v: int) -> dict:
     """
     # synchronous loads at dim != dim_v (see the module docstring): 64 keys spill 1.2 KB, 32 keys 24 B
     block_n = 32 if dim != dim_v else 64
-    return {"block_n": block_n, "num_stages": 2, "threads": 128, "chunk_blocks": ROW_CHUNK_BLOCKS}
+    return {"block_n": block_n, "num_stages": 2, "threads": 128, "chunk_blocks": ROW_CHUNK_BLOCKS,
+            "key_groups": KEY_GROUPS}
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path; a pure function of three ints
