@@ -204,10 +204,10 @@ def decode_ws_kernel(
     longer serialise both consumers' streams.
 
     A part's key range (SeqlensK's load, ``SplitTile``'s divisions) is built only once the part
-    is known live (``decode.part_tile``'s ``build``), so a CTA's empty last part (most CTAs' at B=1: 8
-    segments over 128 CTAs) costs only its share arithmetic before the producer and the
-    consumers exit (H200: FP8 B=1 8k 12.3 -> 11.5 us, B=1 131k 88.8 -> 89.6% of the bandwidth:
-    NOTES, twenty-first session)."""
+    is known live (``decode.part_tile``'s ``build``), so a CTA's empty last part (most CTAs'
+    at B=1: 8 segments over 128 CTAs) costs only its share arithmetic before the producer and
+    the consumers exit (H200: FP8 B=1 8k 12.3 -> 11.5 us, B=1 131k 88.8 -> 89.6% of the
+    bandwidth: NOTES, twenty-first session)."""
     widen = cache_dtype != dtype
     item = 1 if widen else 2  # bytes per cache element
     per_copy = COPY_BYTES // item  # elements per 16-byte copy
