@@ -12,6 +12,14 @@ that call's kernels (decode, and combine when split) in the order of the printed
 ``--cudnn`` adds cuDNN SDPA's kernels on the same cache after each (16-bit) call, e.g. the
 fixed cost of a near-empty call (``1:64:1:contig``: ours 5.4-5.8 us graph-replayed, cuDNN's
 3.3 on an H200; NOTES, twentieth session).
+
+Where a kernel's time goes, instruction by instruction (the twenty-first session's analysis):
+
+    ncu --clock-control none --profile-from-start off --set full --import-source yes \
+        --warp-sampling-interval 0 -o dk python3 benchmarks/decode_profile.py 1:8192:1:contig
+    ncu -i dk.ncu-rep --page source --csv --print-source sass -k main_kernel \
+        --launch-skip 0 --launch-count 1 > dk.csv        # launch-skip N: the N-th main_kernel
+    python3 benchmarks/ncu_stalls.py dk.csv 0 --buckets 100 --warps 1024   # phases
 """
 
 from __future__ import annotations

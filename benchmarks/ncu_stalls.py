@@ -9,6 +9,10 @@
 ``--by-count`` groups instructions by how often they executed: in a warp-specialised kernel
 that separates per-step consumer code, per-step producer code (one warp) and per-CTA prologue
 and epilogue code (the ninth session's d=64 backward analysis in NOTES used it).
+``--buckets N`` walks the SASS in address order, N instructions at a time: each bucket's share
+of the samples, its instructions executed per warp (``--warps``: the kernel's warp count) and
+its top stall reasons, so the prologue before the first copy, the loop and the epilogue read
+as phases (the twenty-first session's decode fixed-cost analysis in NOTES).
 Samples cover every resident warp, idle producers included, so compare shares within a kernel.
 """
 
@@ -45,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("kernel", nargs="?", type=int, help="index in the listing (omit to list)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--by-count", action="store_true")
+    ap.add_argument("--buckets", type=int, default=0, help="phases: N instructions at a time, in address order")
+    ap.add_argument("--warps", type=int, default=1, help="warps of the launch (for --buckets' per-warp counts)")
     args = ap.parse_args(argv)
     ks = kernels(args.csv)
     if args.kernel is None:
@@ -63,6 +69,21 @@ def main(argv=None) -> int:
             reasons[s] += num(r[ix[s]])
     for s, v in reasons.most_common(10):
         print(f"  {s:28s} {100 * v / total:5.1f}%")
+    if args.buckets:
+        rows = k["rows"]
+        for b in range(0, len(rows), args.buckets):
+            seg = rows[b:b + args.buckets]
+            v = sum(num(r[ix[samples]]) for r in seg)
+            if not v:
+                continue
+            why = collections.Counter()
+            for r in seg:
+                for s in stalls:
+                    why[s[6:]] += num(r[ix[s]])
+            executed = sum(num(r[ix["Instructions Executed"]]) for r in seg) / args.warps
+            top = ", ".join(f"{s} {100 * n / v:.0f}%" for s, n in why.most_common(3))
+            print(f"  {b:6d} {100 * v / total:5.1f}% {executed:8.1f}/warp  {seg[0][1].strip()[:40]:40s} {top}")
+        return 0
     if args.by_count:
         share, count = collections.Counter(), collections.Counter()
         for r in k["rows"]:
