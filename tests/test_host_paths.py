@@ -219,3 +219,83 @@ def test_built_kernels_take_the_direct_call():
     for kernel in get_decode_kernels(128, 128, "bfloat16", False, False):
         assert kernel.torch_function.__name__ == "first_call", kernel.torch_function
         assert not kernel.adapter.result_idx
+
+
+def _stub_decode_gpu(monkeypatch, record):
+    """``launch_decode``'s CUDA host path on meta tensors: an H100's SM count and capability,
+    kernels that record their arguments (tensors as (shape, dtype)), fresh memo tables."""
+    from flashtile.kernels import decode, target
+
+    monkeypatch.setattr(target, "sm_count", lambda device: 132)
+    monkeypatch.setattr(target, "capability", lambda device: (9, 0))
+    monkeypatch.setattr(launch, "_MEMO", {})
+    monkeypatch.setattr(decode, "_PLANS", {})
+
+    def kernels(*structure_and_sched):
+        sched = structure_and_sched[-1]
+
+        def kernel(name):
+            return lambda *args: record.append(
+                (name, tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)))
+
+        return (kernel("decode"), *(kernel(f"combine{i}") for i in range(len(sched.combines))))
+
+    monkeypatch.setattr(decode, "get_decode_kernels", kernels)
+    return decode
+
+
+DECODE_CALLS = [  # (batch, q tokens, heads, kv heads, d, dv, cache rows, page, fp8, sinks, softcap, window, splits)
+    (1, 1, 32, 8, 128, 128, 8448, 0, False, False, 0.0, (-1, 0), 0),
+    (1, 4, 32, 8, 128, 128, 8448, 16, False, True, 0.0, (-1, 0), 0),
+    (8, 1, 32, 8, 128, 128, 33024, 256, False, False, 30.0, (-1, -1), 0),
+    (128, 1, 32, 8, 128, 128, 2304, 0, False, False, 0.0, (-1, 0), 0),
+    (1, 1, 32, 8, 128, 128, 131328, 48, False, False, 0.0, (127, 0), 5),
+    (1, 1, 32, 8, 128, 128, 8448, 0, True, False, 0.0, (-1, 0), 0),
+    (8, 4, 32, 8, 128, 128, 33024, 16, True, True, 0.0, (-1, 0), 0),
+    (128, 1, 32, 8, 128, 128, 2304, 64, True, False, 0.0, (-1, 0), 0),
+    (3, 2, 4, 1, 192, 128, 777, 0, True, True, 20.0, (-1, 0), 0),
+    (2, 1, 8, 8, 64, 64, 100, 0, False, False, 0.0, (-1, -1), 1),
+]
+
+
+@pytest.mark.parametrize("call", DECODE_CALLS, ids=lambda c: "-".join(map(str, c)))
+def test_decode_plan_is_memoised_and_launches_the_same(monkeypatch, call):
+    """``decode.decode_plan`` (the launcher's decisions, memoised per call description): a call
+    repeated takes the stored plan and launches exactly what a fresh plan launches; a changed
+    switch (own workers off) makes a new plan."""
+    record = []
+    decode = _stub_decode_gpu(monkeypatch, record)
+    b, sq, h, hkv, d, dv, rows, page, fp8, sinks, softcap, window, splits = call
+    meta = dict(device="meta")
+    q = torch.empty(b, sq, h, d, dtype=torch.bfloat16, **meta)
+    cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    if page:
+        pages = -(-rows // page)
+        kc = torch.empty(b * pages, page, hkv, d, dtype=cache_dtype, **meta)
+        vc = torch.empty(b * pages, page, hkv, dv, dtype=cache_dtype, **meta)
+        table = torch.empty(b, pages, dtype=torch.int32, **meta)
+    else:
+        kc = torch.empty(b, rows, hkv, d, dtype=cache_dtype, **meta)
+        vc = torch.empty(b, rows, hkv, dv, dtype=cache_dtype, **meta)
+        table = None
+    descales = (torch.empty(b, hkv, dtype=torch.float32, **meta),) * 2 if fp8 else (None, None)
+    args = (q, kc, vc, torch.empty(b, dtype=torch.int32, **meta), None, None, table,
+            torch.empty(h, dtype=torch.float32, **meta) if sinks else None, 0.125, window, softcap, splits, *descales)
+
+    def launched():
+        record.clear()
+        out, lse = decode.launch_decode(*args)
+        assert out.shape == (b, sq, h, dv) and lse.shape == (b, h, sq)
+        return list(record)
+
+    fresh = launched()
+    assert fresh and fresh[0][0] == "decode", "the decode kernel launches first"
+    assert len(decode._PLANS) == 1
+    plan = next(iter(decode._PLANS.values()))
+    assert launched() == fresh, "a repeated call launches what its fresh plan launched"
+    assert len(decode._PLANS) == 1 and next(iter(decode._PLANS.values())) is plan, "the plan is reused"
+    decode._PLANS.clear()
+    assert launched() == fresh, "a plan made again is the same"
+    monkeypatch.setattr(decode, "OWN_WORKERS", "0")
+    launched()
+    assert len(decode._PLANS) == 2, "a changed switch is a new plan"

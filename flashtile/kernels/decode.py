@@ -849,34 +849,76 @@ def whole_segment_ctas(segments: int, slots: int, per: int) -> int:
     return slots
 
 
-def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
-                  softmax_scale: float, window, softcap: float, num_splits: int = 0, k_descale=None, v_descale=None):
-    """Decode on CUDA: q (B, Sq, H, D); caches contiguous (B_cache, S_cache, Hkv, D) or paged
-    (NP, page, Hkv, D) with ``block_table``, in q's dtype or float8_e4m3fn with ``k_descale`` /
-    ``v_descale`` float32 (B, Hkv); ``seqlens_k`` int32 (B,) keys per entry after the append.
-    Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log)."""
+class DecodePlan(NamedTuple):
+    """What ``launch_decode`` decides from a call's static description (``decode_plan``): the
+    kernels, the grid's split / worker counts, the partials' size and the scalar arguments."""
+
+    decode: object
+    combine: object  # None when every worker writes O / lse itself
+    num_splits: int
+    workers: int
+    consumers: int
+    rows_total: int  # partial rows (0: no partials)
+    combine_rows: int  # the combine's rows per CTA
+    score_scale: float
+    cap_in: float
+    left: int
+    right: int
+    page_size: int
+    page_shift: int
+
+
+_PLANS: dict = {}
+# Plans kept at most (then all dropped): a cache that grows every step (a dynamic cache handed
+# over whole) is a new description each call.
+MAX_PLANS = 1024
+
+
+def _switches() -> tuple:
+    """The module's developer switches and tunables that a plan depends on (tests and sweeps set
+    them between calls), so a plan made under others is not reused."""
+    return (WS_16BIT, WS16_MMA, OWN_WORKERS, FRACTIONAL, PERSISTENT_BLOCKS, OWN_WORKER_BLOCKS, LONG_STREAM_BLOCKS,
+            TMA_BOX, WARP_MMA_ROWS, MAX_SPLITS, ROW_CHUNK_BLOCKS, KEY_GROUPS)
+
+
+def decode_plan(q, k_cache, v_cache, block_table, has_sinks: bool, softmax_scale: float, window, softcap: float,
+                num_splits: int) -> DecodePlan:
+    """``launch_decode``'s decisions for one call, memoised per static description (shapes,
+    dtypes, device, the table's width, sinks, scales, window, requested splits and the module's
+    switches), so a decode step's host path repeats none of the schedule arithmetic (the line
+    profile of the twenty-first session: ~half of its ~36 us of Python on the CPU machine,
+    ``benchmarks/host_path_cpu.py``).  Not memoised while ``CFG_OVERRIDE`` is set (the sweeps
+    change its contents in place)."""
+    key = (q.shape, q.dtype, k_cache.shape, k_cache.dtype, v_cache.shape, v_cache.dtype, q.device,
+           None if block_table is None else block_table.shape[1], has_sinks, softmax_scale, window, softcap,
+           num_splits, _switches())
+    plan = _PLANS.get(key) if CFG_OVERRIDE is None else None
+    if plan is None:
+        plan = _make_plan(q, k_cache, v_cache, block_table, has_sinks, softmax_scale, window, softcap, num_splits)
+        if CFG_OVERRIDE is None:
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return plan
+
+
+def _make_plan(q, k_cache, v_cache, block_table, has_sinks, softmax_scale, window, softcap, num_splits) -> DecodePlan:
     require_kernel(q, k_cache, v_cache)
     b, sq, h, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[-1]
     dev = q.device
-    out = debug.new_output((b, sq, h, dv), q.dtype, dev)
-    lse = debug.new_output((b, h, sq), torch.float32, dev)
-    if out.numel() == 0:
-        return out, lse
-    q = q.contiguous()
-    table = page_table(block_table, cache_batch_idx, b, dev)
-    leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     fp8 = k_cache.dtype != q.dtype
     dtype, cache_dtype = launch.dtype_name(q.dtype), launch.dtype_name(k_cache.dtype)
     row_tiles = -(-(h // hkv) * sq // BLOCK_M)
     segments, tile_rows = segment_count(b, hkv, row_tiles), min(BLOCK_M, (h // hkv) * sq)
-    capacity, page_size, paged = k_cache.shape[1] * table.shape[1], k_cache.shape[1], block_table is not None
+    paged, page_size = block_table is not None, k_cache.shape[1]
+    capacity = page_size * (block_table.shape[1] if paged else 1)  # a contiguous cache: one page per entry
     blocks64 = -(-capacity // WARP_MMA_BLOCK_N)
     many = own_workers_pay(segments, blocks64, target.sm_count(dev))
     small = fp8 and split_producer_pays(paged, page_size)
     ws16 = not fp8 and ws16_pays(paged, page_size, blocks64, many)
     sched = decode_schedule(d, dv, dtype, cache_dtype, (h // hkv) * sq, many, small, ws16)
-    structure = (d, dv, dtype, sinks is not None, softcap > 0, cache_dtype if fp8 else None)
+    structure = (d, dv, dtype, has_sinks, softcap > 0, cache_dtype if fp8 else None)
     _, decode, *combines = launch.memo(("decode", *structure, id(sched)),
                                        lambda: (sched, *get_decode_kernels(*structure, sched)))
     n_blocks = -(-capacity // sched.cfg["block_n"])
@@ -890,22 +932,23 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         consumers = 1
         num_splits = split_count(num_splits, segments, n_blocks, target.sm_count(dev), sched, segments * tile_rows * dv)
         workers = segments * num_splits
-    sinks32 = sinks.float().contiguous() if sinks is not None else launch.placeholder((h,), dev)
     if softcap > 0:
         score_scale, cap_in = softcap * LOG2E, softmax_scale / softcap
     else:
         score_scale, cap_in = softmax_scale * LOG2E, 0.0
     left, right = host_window(window)
     # A segment is cut between workers unless they hold whole ones (``decode_kernel``: one split
-    # each; own workers: ``whole_segment_ctas``); else each worker writes O/lse itself.
-    combined = consumers > 1 or workers > segments or segments % workers != 0
-    if combined:  # slots c + g of the workers' parts (schedule), C consumers each
-        rows_total = (workers + segments) * consumers * tile_rows
-        opart = debug.new_output((rows_total, dv), torch.float32, dev)
-        lsepart = debug.new_output((rows_total,), torch.float32, dev)
-    else:  # the partials are neither written nor read
-        opart, lsepart = launch.placeholder((1, dv), dev), launch.placeholder((1,), dev)
-    if block_table is None:
+    # each; own workers: ``whole_segment_ctas``); else each worker writes O/lse itself, and
+    # there are no partials and no combine.
+    combine, rows_total, combine_rows = None, 0, 0
+    if consumers > 1 or workers > segments or segments % workers != 0:
+        rows_total = (workers + segments) * consumers * tile_rows  # slots c + g of the workers' parts, C each
+        # Each segment's splits: C slots for each worker touching it (``schedule.segment_workers``).
+        most = (-(-workers // segments) + 1) * consumers
+        i = combine_round(sched.combines, dv, most)
+        combine = combines[i]
+        combine_rows = sched.combines[i].rows or rows_per_cta(dv, most, per_round=sched.combines[i].per_round)
+    if not paged:
         # A contiguous cache is one page per entry: every visible key j < capacity < 2^31 is on
         # page j >> 31 = 0, so the lookup neither divides nor needs a power-of-two capacity
         # (a division in the row lookup cost contiguous caches 7-14% of the bandwidth of page
@@ -913,19 +956,44 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
         page_shift = 31
     else:
         page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+    return DecodePlan(decode, combine, num_splits, workers, consumers, rows_total, combine_rows, score_scale, cap_in,
+                      left, right, page_size, page_shift)
+
+
+def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
+                  softmax_scale: float, window, softcap: float, num_splits: int = 0, k_descale=None, v_descale=None):
+    """Decode on CUDA: q (B, Sq, H, D); caches contiguous (B_cache, S_cache, Hkv, D) or paged
+    (NP, page, Hkv, D) with ``block_table``, in q's dtype or float8_e4m3fn with ``k_descale`` /
+    ``v_descale`` float32 (B, Hkv); ``seqlens_k`` int32 (B,) keys per entry after the append.
+    Returns out (B, Sq, H, Dv) and lse (B, H, Sq) fp32 (natural log).  The decisions come from
+    ``decode_plan``; per call only the allocations, the arguments' views and the launches."""
+    b, sq, h, d = q.shape
+    hkv, dv = k_cache.shape[2], v_cache.shape[-1]
+    dev = q.device
+    if b * sq * h * dv == 0:
+        require_kernel(q, k_cache, v_cache)
+        return debug.new_output((b, sq, h, dv), q.dtype, dev), debug.new_output((b, h, sq), torch.float32, dev)
+    plan = decode_plan(q, k_cache, v_cache, block_table, sinks is not None, softmax_scale, window, softcap, num_splits)
+    out = debug.new_output((b, sq, h, dv), q.dtype, dev)
+    lse = debug.new_output((b, h, sq), torch.float32, dev)
+    table = page_table(block_table, cache_batch_idx, b, dev)
+    leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
+    sinks32 = sinks.float().contiguous() if sinks is not None else launch.placeholder((h,), dev)
+    if plan.rows_total:
+        opart = debug.new_output((plan.rows_total, dv), torch.float32, dev)
+        lsepart = debug.new_output((plan.rows_total,), torch.float32, dev)
+    else:  # the partials are neither written nor read
+        opart, lsepart = launch.placeholder((1, dv), dev), launch.placeholder((1,), dev)
     # Q, O and lse as flat rows (the kernels' layout: no index division per element).
     out_rows, lse_rows = out.view(-1, dv), lse.view(-1)
-    kdesc, vdesc = descale_args(k_descale, v_descale, fp8, b, hkv, dev)
-    decode(q.view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table, seqlens_k.contiguous(), leftpad,
-           out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc, score_scale, cap_in, left, right, num_splits,
-           page_size, page_shift, sq)
-    if combined:
-        # Each segment's splits: C slots for each worker touching it (``schedule.segment_workers``).
-        most = (-(-workers // segments) + 1) * consumers
-        i = combine_round(sched.combines, dv, most)
-        build = sched.combines[i]
-        combines[i](opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, workers, consumers,
-                    build.rows or rows_per_cta(dv, most, per_round=build.per_round))
+    kdesc, vdesc = descale_args(k_descale, v_descale, k_cache.dtype != q.dtype, b, hkv, dev)
+    plan.decode(q.contiguous().view(-1, d), k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, dv), table,
+                seqlens_k.contiguous(), leftpad, out_rows, lse_rows, opart, lsepart, sinks32, kdesc, vdesc,
+                plan.score_scale, plan.cap_in, plan.left, plan.right, plan.num_splits, plan.page_size,
+                plan.page_shift, sq)
+    if plan.combine is not None:
+        plan.combine(opart, lsepart, out_rows, lse_rows, sinks32, sq, hkv, plan.workers, plan.consumers,
+                     plan.combine_rows)
     return out, lse
 
 
