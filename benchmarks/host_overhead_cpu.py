@@ -31,7 +31,6 @@ import cProfile
 import math
 import os
 import pstats
-import statistics
 import sys
 import time
 
@@ -107,17 +106,21 @@ class _Floor(torch.autograd.Function):
         return torch.empty_like(dout), torch.empty_like(dout), torch.empty_like(dout)
 
 
-def per_call_us(fn, n: int, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the mean time per call of ``n`` calls, after a warm-up."""
+def per_call_us(fn, n: int, rounds: int = 30) -> float:
+    """The fastest of ``rounds`` rounds of ``n // 10`` calls, mean time per call, after a
+    warm-up.  The lower envelope, not a median: this machine's neighbours slow whole rounds by
+    up to 2x at random (twenty-first session), so a median of a few long rounds moved +-30%
+    between runs of one tree."""
     for _ in range(max(20, n // 10)):
         fn()
+    per = max(1, n // 10)
     times = []
-    for _ in range(repeats):
+    for _ in range(rounds):
         t = time.perf_counter()
-        for _ in range(n):
+        for _ in range(per):
             fn()
-        times.append((time.perf_counter() - t) / n * 1e6)
-    return statistics.median(times)
+        times.append((time.perf_counter() - t) / per * 1e6)
+    return min(times)
 
 
 def rows():

@@ -887,7 +887,7 @@ def decode_plan(q, k_cache, v_cache, block_table, has_sinks: bool, softmax_scale
     dtypes, device, the table's width, sinks, scales, window, requested splits and the module's
     switches), so a decode step's host path repeats none of the schedule arithmetic (the line
     profile of the twenty-first session: ~half of its ~36 us of Python on the CPU machine,
-    ``benchmarks/host_path_cpu.py``).  Not memoised while ``CFG_OVERRIDE`` is set (the sweeps
+    ``benchmarks/host_overhead_cpu.py``).  Not memoised while ``CFG_OVERRIDE`` is set (the sweeps
     change its contents in place)."""
     key = (q.shape, q.dtype, k_cache.shape, k_cache.dtype, v_cache.shape, v_cache.dtype, q.device,
            None if block_table is None else block_table.shape[1], has_sinks, softmax_scale, window, softcap,
