@@ -299,3 +299,18 @@ def test_decode_plan_is_memoised_and_launches_the_same(monkeypatch, call):
     monkeypatch.setattr(decode, "OWN_WORKERS", "0")
     launched()
     assert len(decode._PLANS) == 2, "a changed switch is a new plan"
+
+
+def test_decode_plan_keeps_refusing_non_contiguous_caches(monkeypatch):
+    """A stored plan is not a pass for a cache of the same shape laid out differently: the
+    contiguity check (``decode.require_kernel``) still refuses it."""
+    decode = _stub_decode_gpu(monkeypatch, [])
+    meta = dict(device="meta")
+    q = torch.empty(1, 1, 8, 64, dtype=torch.bfloat16, **meta)
+    kc = torch.empty(1, 300, 2, 64, dtype=torch.bfloat16, **meta)
+    strided = torch.empty(1, 2, 300, 64, dtype=torch.bfloat16, **meta).transpose(1, 2)
+    lens = torch.empty(1, dtype=torch.int32, **meta)
+    rest = (None, None, None, None, 0.125, (-1, 0), 0.0)
+    decode.launch_decode(q, kc, kc, lens, *rest)
+    with pytest.raises(NotImplementedError, match="non-contiguous"):
+        decode.launch_decode(q, strided, strided, lens, *rest)

@@ -884,14 +884,16 @@ def _switches() -> tuple:
 def decode_plan(q, k_cache, v_cache, block_table, has_sinks: bool, softmax_scale: float, window, softcap: float,
                 num_splits: int) -> DecodePlan:
     """``launch_decode``'s decisions for one call, memoised per static description (shapes,
-    dtypes, device, the table's width, sinks, scales, window, requested splits and the module's
-    switches), so a decode step's host path repeats none of the schedule arithmetic (the line
+    dtypes, device, the caches' contiguity, the table's width, sinks, scales, window, requested
+    splits and the module's switches), so a decode step's host path repeats none of the schedule arithmetic (the line
     profile of the twenty-first session: ~half of its ~36 us of Python on the CPU machine,
     ``benchmarks/host_overhead_cpu.py``).  Not memoised while ``CFG_OVERRIDE`` is set (the sweeps
     change its contents in place)."""
+    # The caches' contiguity too: ``require_kernel`` refuses non-contiguous caches, and the plan
+    # carries its verdict.
     key = (q.shape, q.dtype, k_cache.shape, k_cache.dtype, v_cache.shape, v_cache.dtype, q.device,
-           None if block_table is None else block_table.shape[1], has_sinks, softmax_scale, window, softcap,
-           num_splits, _switches())
+           k_cache.is_contiguous(), v_cache.is_contiguous(), None if block_table is None else block_table.shape[1],
+           has_sinks, softmax_scale, window, softcap, num_splits, _switches())
     plan = _PLANS.get(key) if CFG_OVERRIDE is None else None
     if plan is None:
         plan = _make_plan(q, k_cache, v_cache, block_table, has_sinks, softmax_scale, window, softcap, num_splits)
