@@ -885,10 +885,10 @@ def decode_plan(q, k_cache, v_cache, block_table, has_sinks: bool, softmax_scale
                 num_splits: int) -> DecodePlan:
     """``launch_decode``'s decisions for one call, memoised per static description (shapes,
     dtypes, device, the caches' contiguity, the table's width, sinks, scales, window, requested
-    splits and the module's switches), so a decode step's host path repeats none of the schedule arithmetic (the line
-    profile of the twenty-first session: ~half of its ~36 us of Python on the CPU machine,
-    ``benchmarks/host_overhead_cpu.py``).  Not memoised while ``CFG_OVERRIDE`` is set (the sweeps
-    change its contents in place)."""
+    splits and the module's switches), so a decode step's host path repeats none of the
+    schedule arithmetic: its Python on the CPU machine, old and new interleaved, 21-35 -> 15-25
+    us a call (NOTES, twenty-first session).  Not memoised while ``CFG_OVERRIDE`` is set (the
+    sweeps change its contents in place)."""
     # The caches' contiguity too: ``require_kernel`` refuses non-contiguous caches, and the plan
     # carries its verdict.
     key = (q.shape, q.dtype, k_cache.shape, k_cache.dtype, v_cache.shape, v_cache.dtype, q.device,
