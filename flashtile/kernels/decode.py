@@ -972,12 +972,12 @@ def launch_decode(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad
     b, sq, h, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[-1]
     dev = q.device
-    if b * sq * h * dv == 0:
-        require_kernel(q, k_cache, v_cache)
-        return debug.new_output((b, sq, h, dv), q.dtype, dev), debug.new_output((b, h, sq), torch.float32, dev)
-    plan = decode_plan(q, k_cache, v_cache, block_table, sinks is not None, softmax_scale, window, softcap, num_splits)
     out = debug.new_output((b, sq, h, dv), q.dtype, dev)
     lse = debug.new_output((b, h, sq), torch.float32, dev)
+    if out.numel() == 0:
+        require_kernel(q, k_cache, v_cache)
+        return out, lse
+    plan = decode_plan(q, k_cache, v_cache, block_table, sinks is not None, softmax_scale, window, softcap, num_splits)
     table = page_table(block_table, cache_batch_idx, b, dev)
     leftpad = cache_leftpad.contiguous() if cache_leftpad is not None else int32_constant("zeros", b, dev)
     sinks32 = sinks.float().contiguous() if sinks is not None else launch.placeholder((h,), dev)

@@ -160,10 +160,10 @@ def warp_mma_macros(dim: int, dim_v: int, dtype: str, has_softcap: bool, consume
     ``direct`` (each consumer its own worker: ``decode_ws``'s ``own_workers``) O and lse
     themselves when the part is its whole segment (``tile.whole``; the sink folded in here).
 
-    ``cache_dtype`` q's 16-bit dtype instead of FP8 (developer switch, staged in the nineteenth
-    session and not yet run on a GPU: NOTES): the operands stay in that dtype (bf16 or fp16
-    mma.sync), K's bytes are the B fragments as loaded, and V's ldmatrix.trans registers are
-    P V's B fragments as they are (no byte_perm, no cvt), in the plain feature order."""
+    ``cache_dtype`` q's 16-bit dtype instead of FP8 (``decode.ws16_pays``: 16-bit long streams
+    and many-segment calls, since the twentieth session): the operands stay in that dtype (bf16
+    or fp16 mma.sync), K's bytes are the B fragments as loaded, and V's ldmatrix.trans registers
+    are P V's B fragments as they are (no byte_perm, no cvt), in the plain feature order."""
     acc = T.float32
     narrow = "float8" in cache_dtype  # an FP8 cache, widened to fp16 in registers
     op = HALF if narrow else dtype  # the mma.sync operands' type
