@@ -34,9 +34,137 @@ def per_call_us(fn, n=400):
     return (time.perf_counter() - t) / n * 1e6
 
 
+class _Floor(torch.autograd.Function):
+    """The least a Python autograd.Function with flash_attn_func's outputs costs: allocations
+    only, no kernels (the floor under ``flash_attn_func + backward``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q), q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def pieces(qd, kc, vc, lens, q, k, v, qg, kg, vg, dout):
+    """Rows that split the decode launcher and the autograd path into parts (each part alone)."""
+    from flashtile.kernels import decode
+
+    plan = decode.decode_plan(qd, kc, vc, None, False, 0.088, (-1, 0), 0.0, 0)
+    b, sq, h, d = qd.shape
+    hkv, dv = kc.shape[2], vc.shape[-1]
+    dev = qd.device
+    out = torch.empty(b, sq, h, dv, device=dev, dtype=qd.dtype)
+    lse = torch.empty(b, h, sq, device=dev)
+    opart = torch.empty(max(plan.rows_total, 1), dv, device=dev)
+    lsepart = torch.empty(max(plan.rows_total, 1), device=dev)
+    table = decode.page_table(None, None, b, dev)
+    leftpad = decode.int32_constant("zeros", b, dev)
+    sinks32 = fwd.placeholder((h,), dev)
+    kdesc, vdesc = decode.descale_args(None, None, False, b, hkv, dev)
+    dec_args = (qd.view(-1, d), kc.view(-1, hkv, d), vc.view(-1, hkv, dv), table, lens, leftpad, out.view(-1, dv),
+                lse.view(-1), opart, lsepart, sinks32, kdesc, vdesc, plan.score_scale, plan.cap_in, plan.left,
+                plan.right, plan.num_splits, plan.page_size, plan.page_shift, sq)
+    comb_args = (opart, lsepart, out.view(-1, dv), lse.view(-1), sinks32, sq, hkv, plan.workers, plan.consumers,
+                 plan.combine_rows)
+    rows = [
+        ("decode piece: 4 allocations (out, lse, partials)", lambda: (
+            torch.empty(b, sq, h, dv, device=dev, dtype=qd.dtype), torch.empty(b, h, sq, device=dev),
+            torch.empty(max(plan.rows_total, 1), dv, device=dev), torch.empty(max(plan.rows_total, 1), device=dev))),
+        ("decode piece: decode_plan (memo hit)", lambda: decode.decode_plan(qd, kc, vc, None, False, 0.088, (-1, 0),
+                                                                           0.0, 0)),
+        ("decode piece: 5 views", lambda: (qd.view(-1, d), kc.view(-1, hkv, d), vc.view(-1, hkv, dv),
+                                           out.view(-1, dv), lse.view(-1))),
+        ("decode piece: decode kernel call (21 args)", lambda: plan.decode(*dec_args)),
+    ]
+    if plan.combine is not None:
+        rows.append(("decode piece: combine kernel call (10 args)", lambda: plan.combine(*comb_args)))
+    rows += [
+        ("autograd floor: empty Function fwd + grad (CUDA)", lambda: torch.autograd.grad(
+            _Floor.apply(qg, kg, vg)[0], (qg, kg, vg), dout)),
+        ("autograd floor: empty Function fwd only", lambda: _Floor.apply(qg, kg, vg)),
+    ]
+    return rows
+
+
+class _CallsBackward(torch.autograd.Function):
+    """An empty forward whose backward runs ``kernels.backward`` on saved forward results: the
+    backward launchers on the autograd engine's device thread (``--attribute``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, out, lse):
+        ctx.save_for_backward(q, k, v, out, lse)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv, _ = kernels_backward(dout, None, q, k, v, out, lse, None, 0.125, (-1, -1), 0.0, False)
+        return dq, dk, dv, None, None
+
+
+def attribute(qg, kg, vg, dout, out_fwd, lse_fwd, n=400):
+    """Where ``flash_attn_func + backward``'s host time goes: per call, the whole step, the time
+    inside ``_EagerAttention.backward`` and inside ``kernels.backward`` (timers wrapped around
+    them), and two controls (an empty Function; one whose backward only calls the launchers)."""
+    from flashtile import ops
+    import flashtile.kernels as kernels_mod
+
+    spent = {"Function.backward": 0.0, "kernels.backward": 0.0, "_bwd_impl": 0.0}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return wrapper
+
+    orig_bwd, orig_k, orig_impl = ops._EagerAttention.backward, kernels_mod.backward, ops._bwd_impl
+    ops._EagerAttention.backward = staticmethod(timed("Function.backward", orig_bwd))
+    kernels_mod.backward = timed("kernels.backward", orig_k)
+    ops._bwd_impl = timed("_bwd_impl", orig_impl)
+    try:
+        step = lambda: torch.autograd.grad(flashtile.flash_attn_func(qg, kg, vg), (qg, kg, vg), dout)
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+        for key in spent:
+            spent[key] = 0.0
+        total = per_call_us(step, n)
+        # per_call_us warms up 20 calls first: n + 20 calls were timed by the wrappers
+        print(f"--- attribute: flash_attn_func + backward {total:.1f} us per call")
+        for key, v in spent.items():
+            print(f"    {v / (n + 20) * 1e6:8.1f} us  inside {key}")
+    finally:
+        ops._EagerAttention.backward, kernels_mod.backward, ops._bwd_impl = orig_bwd, orig_k, orig_impl
+    # The same steps with the autograd engine's device threads off (backward on the calling
+    # thread): how much of each step is the hand-over to the engine's CUDA thread.
+    steps = {
+        "flash_attn_func + backward": lambda: torch.autograd.grad(flashtile.flash_attn_func(qg, kg, vg), (qg, kg, vg), dout),
+        "torch SDPA (flash backend) + backward": lambda: torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+            qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2)), (qg, kg, vg), dout.transpose(1, 2)),
+        "empty Function fwd + grad": lambda: torch.autograd.grad(_Floor.apply(qg, kg, vg)[0], (qg, kg, vg), dout),
+    }
+    for name, fn in steps.items():
+        on = per_call_us(fn, n)
+        with torch.autograd.set_multithreading_enabled(False):
+            off = per_call_us(fn, n)
+        print(f"    {on:8.1f} us -> {off:8.1f} us with multithreaded backward off: {name}")
+    ctl = lambda: torch.autograd.grad(_CallsBackward.apply(qg, kg, vg, out_fwd, lse_fwd), (qg, kg, vg), dout)
+    print(f"    {per_call_us(ctl, n):8.1f} us  control: empty forward, backward = kernels.backward only")
+    print(f"    {per_call_us(lambda: kernels_backward(dout, None, qg.detach(), kg.detach(), vg.detach(), out_fwd, lse_fwd, None, 0.125, (-1, -1), 0.0, False), n):8.1f} us  control: kernels.backward on the main thread")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true", help="cProfile of the Python layers")
+    ap.add_argument("--attribute", action="store_true",
+                    help="timers inside the eager backward path (where fwd + backward's host time goes)")
     ap.add_argument("--trace", action="store_true",
                     help="torch.profiler per call: the ATen ops and CUDA kernels each call launches")
     args = ap.parse_args()
@@ -83,6 +211,7 @@ def main():
         ("torch SDPA (cuDNN), decode", lambda: torch.nn.functional.scaled_dot_product_attention(
             qd.transpose(1, 2), kc[:, :1024].transpose(1, 2), vc[:, :1024].transpose(1, 2), enable_gqa=True)),
     ]
+    rows += pieces(qd, kc, vc, lens, q, k, v, qg, kg, vg, dout)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     for name, fn in rows:
         try:
@@ -90,11 +219,14 @@ def main():
         except Exception as e:  # report and keep going: this is a measurement tool
             print(f"   failed  {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
     named = dict(rows)
+    if args.attribute:
+        attribute(qg, kg, vg, dout, out_fwd, lse_fwd)
     if args.trace:
         from torch.profiler import ProfilerActivity, profile
 
         for name in ("flash_attn_func + backward (autograd.grad)", "kernels.backward (launchers only)",
-                     "flash_attn_with_kvcache, no new tokens",
+                     "flash_attn_varlen_func, no grad (2 x 64 tokens)",
+                     "launch_decode (kernels only)", "flash_attn_with_kvcache, no new tokens",
                      "flash_attn_with_kvcache, append 1 token"):
             fn = named[name]
             for _ in range(5):
@@ -108,7 +240,8 @@ def main():
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
     if args.profile:
         for name in ("flash_attn_func, no grad", "flash_attn_func, requires_grad", "kernels.backward (launchers only)",
-                     "flash_attn_with_kvcache, no new tokens", "flash_attn_with_kvcache, append 1 token"):
+                     "flash_attn_varlen_func, no grad (2 x 64 tokens)",
+                     "launch_decode (kernels only)", "flash_attn_with_kvcache, no new tokens", "flash_attn_with_kvcache, append 1 token"):
             print(f"--- profile: {name}")
             prof = cProfile.Profile()
             prof.enable()
@@ -117,6 +250,7 @@ def main():
             prof.disable()
             torch.cuda.synchronize()
             pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
 
 
 if __name__ == "__main__":

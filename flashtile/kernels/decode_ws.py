@@ -201,7 +201,9 @@ def decode_ws_kernel(
     the producer's other warps idle.  ``split_producer`` (pages smaller than a block:
     ``decode.split_producer_pays``): the same producer warps for the shared parts (warp w
     issues consumer w's every C-th block), so one thread's lookups and TMA issues per block no
-    longer serialise both consumers' streams.
+    longer serialise both consumers' streams.  When the workers divide the segments (each k
+    whole ones), worker w's part p runs segment ``p x workers + w`` (``decode.spread_segments``), so
+    the segments in flight at once cover every kv head (H200, B=128 2k: 247.3 -> 239.6 us).
 
     A part's key range (SeqlensK's load, ``SplitTile``'s divisions) is built only once the part
     is known live (``decode.part_tile``'s ``build``), so a CTA's empty last part (most CTAs'
@@ -257,7 +259,7 @@ def decode_ws_kernel(
         (``worker_args``), its partials slot ``c + g``, and the tile says whether the part is
         its whole segment."""
         if own_workers:
-            return shared_part_tile(args, part, block_n, widen, has_softcap, 1, whole=True)
+            return shared_part_tile(args, part, block_n, widen, has_softcap, 1, whole=True, spread=True)
         return shared_part_tile(args, part, block_n, widen, has_softcap, consumers)
 
     def worker_args(parts, w):
