@@ -110,6 +110,10 @@ CASES = [
     # 136 short 16-bit segments: decode_ws's mma.sync consumers as workers of their own
     Case("kvcache d128 gqa4 page64 own-workers long-stream", d=128, h=16, hkv=4, b=34, causal=True, kind="kvcache",
          shapes=((1, 300),), race_shapes=((1, 300),), extra={"page": 64}),
+    # 512 short segments: 256 own workers of 2 whole segments each, run in spread order
+    # (decode.spread_segments)
+    Case("kvcache d128 gqa4 page64 own-workers spread", d=128, h=16, hkv=4, b=128, causal=True, kind="kvcache",
+         shapes=((1, 300),), race_shapes=((1, 300),), extra={"page": 64}),
     Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),
     Case("fp8 d128 gqa2 causal sinks", d=128, h=4, hkv=2, causal=True, sinks=True, kind="fp8"),
     Case("fp8 d256 window softcap", d=256, h=2, hkv=2, window=(16, 0), softcap=20.0, kind="fp8"),
