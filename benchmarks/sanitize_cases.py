@@ -111,7 +111,7 @@ CASES = [
     Case("kvcache d128 gqa4 page64 own-workers long-stream", d=128, h=16, hkv=4, b=34, causal=True, kind="kvcache",
          shapes=((1, 300),), race_shapes=((1, 300),), extra={"page": 64}),
     # 512 short segments: 256 own workers of 2 whole segments each, run in spread order
-    # (decode.spread_segments)
+    # (schedule.spread_segment)
     Case("kvcache d128 gqa4 page64 own-workers spread", d=128, h=16, hkv=4, b=128, causal=True, kind="kvcache",
          shapes=((1, 300),), race_shapes=((1, 300),), extra={"page": 64}),
     Case("nonfinite d128 causal", d=128, causal=True, kind="nonfinite", shapes=((129, 129),)),

@@ -276,7 +276,7 @@ def test_combine_of_several_rows_per_cta(c: C, monkeypatch):
 # a whole number of whole segments (``decode.whole_segment_ctas``), so the consumers store O
 # and lse themselves (the sink folded in there) and no combine runs; the shared schedule runs
 # them on persistent CTAs.  512 and 1024 segments (the launcher's own workers by default): 2 and
-# 4 whole segments per worker, run in ``decode.spread_segments`` order (entries of unequal lengths).
+# 4 whole segments per worker, run in ``schedule.spread_segment`` order (entries of unequal lengths).
 WHOLE_SEGMENT_CASES = [
     C(batch=32, length=700, h=32, hkv=8, fp8=True),
     C(batch=64, length=300, sq=2, snew=2, h=16, hkv=4, page=16, sinks=True, softcap=30.0, fp8=True),

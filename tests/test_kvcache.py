@@ -619,6 +619,32 @@ def test_own_workers_shares_tile_every_segment_once(segments, ctas):
     assert cut == (len(whole) < segments)
 
 
+@pytest.mark.parametrize("segments,workers", [(1024, 256), (512, 256), (256, 256), (2048, 256), (12, 4), (7, 7),
+                                               (1056, 264), (160, 264), (250, 132), (1, 1)])
+def test_spread_order_runs_each_segment_once_and_parts_side_by_side(segments, workers):
+    """``schedule.spread_segment`` over own workers' whole-segment shares: a bijection of the
+    segments; when the workers divide them into k > 1 each, the parts that run at the same
+    time (part p of every worker) are the consecutive segments ``[p G, (p + 1) G)``, every kv
+    head of a run of entries; otherwise the share order itself."""
+    from flashtile.kernels.schedule import max_parts, split_part, spread_segment
+
+    runs = {}
+    for worker in range(workers):
+        for part in range(max_parts(workers, segments)):
+            g, u0, u1 = split_part(worker, part, workers, segments)
+            if g < segments and u0 < u1:
+                runs.setdefault(part, []).append((g, spread_segment(g, segments, workers)))
+    spread = sorted(s for pairs in runs.values() for _, s in pairs)
+    whole = segments % workers == 0 and segments // workers > 1
+    if whole:  # every segment once (cut segments appear once per worker that shares them)
+        assert spread == list(range(segments))
+    for part, pairs in runs.items():
+        if whole:
+            assert sorted(s for _, s in pairs) == list(range(part * workers, (part + 1) * workers)), part
+        else:
+            assert all(g == s for g, s in pairs), part
+
+
 def test_combine_round_is_the_smallest_that_takes_one_round():
     """``decode.combine_round``: rows of few splits take the 8-load combine (16 wastes loads
     and registers), B=1's 48 splits of an FP8 cache the 16-load one, more than 64 the last;

@@ -58,7 +58,7 @@ import torch
 
 from . import debug, launch, target
 from .masks import TileMask, host_window
-from .schedule import max_parts, share_blocks, split_part
+from .schedule import max_parts, share_blocks, split_part, spread_segment
 from .seqinfo import Sequence
 from .softmax import LOG2E, online_softmax, tile_fragments
 from .target import PASS_CONFIGS, TARGET
@@ -187,20 +187,6 @@ def part_count(args):
     return max_parts(num_splits, segment_count(SeqlensK.shape[0], Hkv, row_tile_count(H, Hkv, Sq)))
 
 
-def spread_segments(g, segments, workers):
-    """Segment that worker-share segment ``g`` stands for when ``workers`` divide ``segments``
-    (every worker k = segments / workers whole segments, nothing cut, nothing combined): part p
-    of worker w runs segment ``p workers + w`` instead of ``k w + p``, so the segments running
-    at once are consecutive ones, all kv heads of a run of entries.  In share order they are
-    every k-th: at B=128 2k (k = 4) only kv heads 0 and 4, whose rows sit at the same offsets
-    of every 2 KB cache row group, which left parts of the memory system idle (H200: 254.6 us
-    against 243.4 at B=64 4k with as many blocks per worker; NOTES, twenty-second session).
-    Otherwise ``g`` itself."""
-    k = T.alloc_var(T.int32, init=segments // workers)[0]
-    even = T.And(segments % workers == 0, k > 1)
-    return T.if_then_else(even, g % k * workers + g // k, g)
-
-
 def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers: int = 1, whole: bool = False,
               spread: bool = False):
     """(build, live) of CTA ``c``'s part ``part`` of a decode grid of ``num_splits`` CTAs:
@@ -209,7 +195,7 @@ def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers:
     score_scale, cap_in)``, one tuple the macros pass on.  ``live`` is false for an empty part
     (its segment index is clamped, so nothing past the tensors is read).  The part's partials
     go to slots ``(c + g) x consumers + w``.  ``spread``: whole segments per worker run in
-    ``spread_segments`` order.  ``whole``: the tile also gets ``whole``, 1 when
+    ``schedule.spread_segment`` order.  ``whole``: the tile also gets ``whole``, 1 when
     the part is its whole segment (no other worker touches it: O and lse may be stored
     directly, ``combine.py`` skips the segment's rows).  ``build()`` makes the part's SplitTile;
     callers make it under ``if live``, so an empty part skips its key range (a SeqlensK load
@@ -225,7 +211,8 @@ def part_tile(args, part, block_n: int, fp8: bool, has_softcap: bool, consumers:
     def build():
         gc = T.alloc_var(T.int32, init=T.min(seg, segments - 1))[0]
         if spread:
-            gc = T.alloc_var(T.int32, init=spread_segments(gc, segments, num_splits))[0]
+            gc = T.alloc_var(T.int32, init=spread_segment(gc, segments, num_splits,
+                                                         lambda x: T.alloc_var(T.int32, init=x)[0]))[0]
         b, hk, row_tile = segment_coords(gc, Hkv, row_tiles)
         hk = T.alloc_var(T.int32, init=hk)[0]
         b = T.alloc_var(T.int32, init=b)[0]

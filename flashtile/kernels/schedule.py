@@ -121,3 +121,24 @@ def segment_workers(g, workers, segments):
     first = gw // segments
     last = (gw + workers - 1) // segments
     return _narrow(first), _narrow(last - first + 1)
+
+
+def spread_segment(g, segments, workers, reg=lambda x: x):
+    """The segment that worker-share segment ``g`` (``split_part``'s) stands for.
+
+    When the workers divide the segments (every worker k = S / G whole segments: nothing cut,
+    no partial, no combine), worker c's part p is segment ``p G + c`` instead of ``k c + p``,
+    so the segments that run at the same time are consecutive ones: every kv head of a run of
+    entries.  In share order they are every k-th, and with 8 kv heads and k = 4 (B=128 2k) only
+    heads 0 and 4, whose 256-byte rows sit at the same offsets of every 2 KB row group of the
+    cache; that left part of the memory system idle (H200: 247.3 -> 239.6 us, cuDNN 239.9;
+    NOTES, twenty-second session).  Otherwise ``g`` itself.  ``reg`` as in ``split_part``.
+
+        S = 8, G = 4 (k = 2):   share order  worker 0: 0 1 | worker 1: 2 3 | ... part 0 runs 0 2 4 6
+                                spread order worker 0: 0 4 | worker 1: 1 5 | ... part 0 runs 0 1 2 3
+    """
+    k = reg(segments // workers)
+    spread = lambda: g % k * workers + g // k  # noqa: E731  (k may be 0 when not taken)
+    if isinstance(k, int):
+        return spread() if segments % workers == 0 and k > 1 else g
+    return T.if_then_else(T.And(segments % workers == 0, k > 1), spread(), g)
