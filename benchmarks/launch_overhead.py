@@ -49,27 +49,26 @@ class _Floor(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def pieces(qd, kc, vc, lens, q, k, v, qg, kg, vg, dout):
-    """Rows that split the decode launcher and the autograd path into parts (each part alone)."""
+def pieces(qd, kc, vc, lens, qg, kg, vg, dout):
+    """Rows that split the decode launcher and the autograd path into parts (each part alone).
+    The kernels' arguments are those of one real ``launch_decode`` call, recorded by a plan
+    whose kernels keep their arguments instead of launching."""
     from flashtile.kernels import decode
 
+    call = (qd, kc, vc, lens, None, None, None, None, 0.088, (-1, 0), 0.0)
     plan = decode.decode_plan(qd, kc, vc, None, False, 0.088, (-1, 0), 0.0, 0)
+    recorded = {}
+    recorder = plan._replace(decode=lambda *a: recorded.__setitem__("decode", a),
+                             combine=plan.combine and (lambda *a: recorded.__setitem__("combine", a)))
+    real_plan, decode.decode_plan = decode.decode_plan, lambda *a, **k: recorder
+    try:
+        decode.launch_decode(*call)
+    finally:
+        decode.decode_plan = real_plan
     b, sq, h, d = qd.shape
     hkv, dv = kc.shape[2], vc.shape[-1]
     dev = qd.device
-    out = torch.empty(b, sq, h, dv, device=dev, dtype=qd.dtype)
-    lse = torch.empty(b, h, sq, device=dev)
-    opart = torch.empty(max(plan.rows_total, 1), dv, device=dev)
-    lsepart = torch.empty(max(plan.rows_total, 1), device=dev)
-    table = decode.page_table(None, None, b, dev)
-    leftpad = decode.int32_constant("zeros", b, dev)
-    sinks32 = fwd.placeholder((h,), dev)
-    kdesc, vdesc = decode.descale_args(None, None, False, b, hkv, dev)
-    dec_args = (qd.view(-1, d), kc.view(-1, hkv, d), vc.view(-1, hkv, dv), table, lens, leftpad, out.view(-1, dv),
-                lse.view(-1), opart, lsepart, sinks32, kdesc, vdesc, plan.score_scale, plan.cap_in, plan.left,
-                plan.right, plan.num_splits, plan.page_size, plan.page_shift, sq)
-    comb_args = (opart, lsepart, out.view(-1, dv), lse.view(-1), sinks32, sq, hkv, plan.workers, plan.consumers,
-                 plan.combine_rows)
+    out, lse = torch.empty(b, sq, h, dv, device=dev, dtype=qd.dtype), torch.empty(b, h, sq, device=dev)
     rows = [
         ("decode piece: 4 allocations (out, lse, partials)", lambda: (
             torch.empty(b, sq, h, dv, device=dev, dtype=qd.dtype), torch.empty(b, h, sq, device=dev),
@@ -78,10 +77,10 @@ def pieces(qd, kc, vc, lens, q, k, v, qg, kg, vg, dout):
                                                                            0.0, 0)),
         ("decode piece: 5 views", lambda: (qd.view(-1, d), kc.view(-1, hkv, d), vc.view(-1, hkv, dv),
                                            out.view(-1, dv), lse.view(-1))),
-        ("decode piece: decode kernel call (21 args)", lambda: plan.decode(*dec_args)),
+        ("decode piece: decode kernel call (21 args)", lambda: plan.decode(*recorded["decode"])),
     ]
     if plan.combine is not None:
-        rows.append(("decode piece: combine kernel call (10 args)", lambda: plan.combine(*comb_args)))
+        rows.append(("decode piece: combine kernel call (10 args)", lambda: plan.combine(*recorded["combine"])))
     rows += [
         ("autograd floor: empty Function fwd + grad (CUDA)", lambda: torch.autograd.grad(
             _Floor.apply(qg, kg, vg)[0], (qg, kg, vg), dout)),
@@ -211,7 +210,7 @@ def main():
         ("torch SDPA (cuDNN), decode", lambda: torch.nn.functional.scaled_dot_product_attention(
             qd.transpose(1, 2), kc[:, :1024].transpose(1, 2), vc[:, :1024].transpose(1, 2), enable_gqa=True)),
     ]
-    rows += pieces(qd, kc, vc, lens, q, k, v, qg, kg, vg, dout)
+    rows += pieces(qd, kc, vc, lens, qg, kg, vg, dout)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     for name, fn in rows:
         try:
