@@ -583,6 +583,18 @@ def test_per_call_schedule_rules_split_producer_and_16bit_on_decode_ws():
             assert dm.decode_schedule(d, d, "bfloat16", None, rows, ws16=True).kernel is dm.decode_kernel
 
 
+def _live_parts(workers: int, segments: int):
+    """(worker, part, segment, u0, u1) of every non-empty part of ``schedule.split_part``'s
+    shares (the host-side walk every worker's parts loop makes in the kernels)."""
+    from flashtile.kernels.schedule import max_parts, split_part
+
+    for worker in range(workers):
+        for part in range(max_parts(workers, segments)):
+            g, u0, u1 = split_part(worker, part, workers, segments)
+            if g < segments and u0 < u1:
+                yield worker, part, g, u0, u1
+
+
 @pytest.mark.parametrize("segments,ctas", [(1024, 128), (1056, 132), (160, 132), (64, 128), (8, 128), (3, 5),
                                            (250, 132)])
 def test_own_workers_shares_tile_every_segment_once(segments, ctas):
@@ -591,23 +603,19 @@ def test_own_workers_shares_tile_every_segment_once(segments, ctas):
     exactly when ``segment_workers`` counts one worker (the combine skips those rows), and the
     partial slots ``worker + segment`` of the others are distinct and inside the launcher's
     ``(workers + segments)`` slots."""
-    from flashtile.kernels.schedule import max_parts, segment_workers, split_part
+    from flashtile.kernels.schedule import segment_workers
 
     workers = ctas * 2
     covered = [[] for _ in range(segments)]
     whole, slots = set(), set()
-    for worker in range(workers):
-        for part in range(max_parts(workers, segments)):
-            g, u0, u1 = split_part(worker, part, workers, segments)
-            if g >= segments or u0 >= u1:
-                continue
-            covered[g].append((u0, u1))
-            if (u0, u1) == (0, workers):
-                whole.add(g)
-            else:
-                slot = worker + g
-                assert slot not in slots and slot < workers + segments
-                slots.add(slot)
+    for worker, _, g, u0, u1 in _live_parts(workers, segments):
+        covered[g].append((u0, u1))
+        if (u0, u1) == (0, workers):
+            whole.add(g)
+        else:
+            slot = worker + g
+            assert slot not in slots and slot < workers + segments
+            slots.add(slot)
     for g, spans in enumerate(covered):
         spans.sort()
         assert spans[0][0] == 0 and spans[-1][1] == workers, (g, spans)
@@ -626,14 +634,11 @@ def test_spread_order_runs_each_segment_once_and_parts_side_by_side(segments, wo
     segments; when the workers divide them into k > 1 each, the parts that run at the same
     time (part p of every worker) are the consecutive segments ``[p G, (p + 1) G)``, every kv
     head of a run of entries; otherwise the share order itself."""
-    from flashtile.kernels.schedule import max_parts, split_part, spread_segment
+    from flashtile.kernels.schedule import spread_segment
 
     runs = {}
-    for worker in range(workers):
-        for part in range(max_parts(workers, segments)):
-            g, u0, u1 = split_part(worker, part, workers, segments)
-            if g < segments and u0 < u1:
-                runs.setdefault(part, []).append((g, spread_segment(g, segments, workers)))
+    for _, part, g, _, _ in _live_parts(workers, segments):
+        runs.setdefault(part, []).append((g, spread_segment(g, segments, workers)))
     spread = sorted(s for pairs in runs.values() for _, s in pairs)
     whole = segments % workers == 0 and segments // workers > 1
     if whole:  # every segment once (cut segments appear once per worker that shares them)
