@@ -4,7 +4,8 @@
     python3 benchmarks/tune.py bwd --headdim 128
     python3 benchmarks/tune.py bwd_dq --headdim 128      # the deterministic dQ kernel
     python3 benchmarks/tune.py fwd --fp8 --headdim 256 --configs 128,128,2,256,1,1,1 128,64,2,256,1,1,1
-                                                          # the FP8 forward
+                                                          # the FP8 forward (--check: its GPU tests
+                                                          # of that head dim under each config)
 
 Each line: pass, config, d, seqlen, causal, ms, ratio to cuDNN SDPA.  Failures (compile or
 launch) print one line and the sweep goes on.
@@ -123,7 +124,14 @@ def main():
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for line in pool.map(prebuild, *zip(*[(args.which, d, cfg, args.det, args.fp8) for d, cfg in todo])):
             print(line, flush=True)
-    if args.check:  # every candidate against the reference on awkward shapes before timing
+    if args.check and args.fp8:  # the FP8 forward's own GPU tests (2x rule vs the rounding baseline)
+        import pytest
+
+        for d, cfg in todo:
+            configs.overrides[args.which] = make_config(args.which, cfg)
+            rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_gpu_fp8.py", "-k", f"forward and d{d}/"])
+            print(f"CHECK fp8 {cfg} d{d} pytest rc {int(rc)}", flush=True)
+    elif args.check:  # every candidate against the reference on awkward shapes before timing
         from quick import check
 
         for d, cfg in todo:
