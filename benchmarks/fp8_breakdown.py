@@ -36,7 +36,8 @@ def main() -> None:
             q8, k8, v8, qd, kd, vd = fp8.quantize_qkv(q, k, v)
             window = (-1, 0) if a.causal else (-1, -1)
             vt = launch_transpose_v(v8)
-            kern = launch.forward_kernel(d, d, "float8_e4m3fn", False, False, window, False, 132, "bfloat16")
+            kern = launch.forward_kernel(d, d, "float8_e4m3fn", False, False, window, False, 132, "bfloat16",
+                                         configs.short_forward(d, d, s, s, fp8=True))  # the row the call takes
             out = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
             params = operands.params(torch.zeros(h, device="cuda"), qd, kd, vd)

@@ -397,8 +397,10 @@ def structures(cases):
         if c.kind == "kvcache":
             s = ("decode", dict(dim=c.d, dim_v=c.d_v, dtype=dt, has_sinks=c.sinks, has_softcap=c.softcap > 0,
                                 **({"cache_dtype": "float8_e4m3fn"} if c.fp8_cache else {})))
-            if s not in seen:
-                seen.append(s)
+            short = [("fwd8", {**s[1], "short": True})] if not varlen and configs.short_forward(dp, dvp, 1, 1, fp8=True) else []
+            for s in [s, *short]:  # short: the d=128 FP8 forward's second kernel (the sanitizer's sizes take it)
+                if s not in seen:
+                    seen.append(s)
             continue
         if c.override:
             continue
@@ -408,8 +410,10 @@ def structures(cases):
             window = (-1, -1) if c.window == (-1, -1) and not c.causal else (0, 0)
             s = ("fwd8", dict(dim=dp, dim_v=dvp, dtype="float8_e4m3fn", has_sinks=c.sinks, has_softcap=c.softcap > 0,
                               window=window, varlen=varlen, num_sms=sms, out_dtype="bfloat16"))
-            if s not in seen:
-                seen.append(s)
+            short = [("fwd8", {**s[1], "short": True})] if not varlen and configs.short_forward(dp, dvp, 1, 1, fp8=True) else []
+            for s in [s, *short]:  # short: the d=128 FP8 forward's second kernel (the sanitizer's sizes take it)
+                if s not in seen:
+                    seen.append(s)
             continue
         # Kernels are compiled per mask kind (configs.mask_kind), not per window value.
         window = (-1, -1) if c.window == (-1, -1) and not c.causal else (0, 0)

@@ -79,6 +79,9 @@ DENSE = [
     C(sq=200, sk=333, softcap=30.0),
     C(sq=333, sk=333, causal=True, sinks=True, softcap=20.0, out_dtype=torch.float16),
     C(sq=100, sk=100, out_dtype=torch.float16),
+    # Both lengths >= 4096: d=128's long row (192 x 96 tiles, configs.short_forward), with features.
+    C(b=1, sq=4097, sk=4100, h=4, hkv=2, sinks=True, softcap=20.0, out_dtype=torch.float16),
+    C(b=1, sq=4096, sk=5000, h=2, hkv=2, causal=True, window=(1000, -1)),
     # The row max moves block after block (``rising_qk``): the O rescale taken and skipped.
     C(b=1, sq=300, sk=2000, rise=40.0),
     C(b=1, sq=700, sk=1500, rise=3.0, causal=True, h=8, hkv=2),

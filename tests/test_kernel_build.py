@@ -191,24 +191,26 @@ def test_overlapped_kernels_keep_wgmma_async(which, has_softcap, overlapped, tmp
         assert " 0 bytes spill stores" in report, report
 
 
-FP8_STRUCTURES = [  # (dim, dim_v, varlen, sinks, softcap, out_dtype): every FP8 tile row, dense and packed
-    (64, 64, False, False, False, "bfloat16"), (64, 64, True, False, False, "bfloat16"),
-    (128, 128, False, False, False, "bfloat16"), (128, 128, True, False, False, "bfloat16"),
-    (192, 128, False, False, False, "bfloat16"), (192, 128, True, False, False, "bfloat16"),
-    (256, 256, False, False, False, "bfloat16"), (256, 256, True, False, False, "bfloat16"),
-    (128, 128, False, True, True, "float16"), (128, 128, True, True, True, "float16"),
+FP8_STRUCTURES = [  # (dim, dim_v, varlen, sinks, softcap, out_dtype, short): every FP8 tile row, dense and packed
+    (64, 64, False, False, False, "bfloat16", False), (64, 64, True, False, False, "bfloat16", False),
+    (128, 128, False, False, False, "bfloat16", False), (128, 128, True, False, False, "bfloat16", False),
+    (128, 128, False, False, False, "bfloat16", True),  # d=128's short-sequence row (configs.short_forward)
+    (192, 128, False, False, False, "bfloat16", False), (192, 128, True, False, False, "bfloat16", False),
+    (256, 256, False, False, False, "bfloat16", False), (256, 256, True, False, False, "bfloat16", False),
+    (128, 128, False, True, True, "float16", False), (128, 128, True, True, True, "float16", False),
 ]
 
 
-@pytest.mark.parametrize("dim,dim_v,varlen,sinks,softcap,out_dtype", FP8_STRUCTURES, ids=lambda x: str(x))
-def test_fp8_forward_builds(dim, dim_v, varlen, sinks, softcap, out_dtype):
+@pytest.mark.parametrize("dim,dim_v,varlen,sinks,softcap,out_dtype,short", FP8_STRUCTURES, ids=lambda x: str(x))
+def test_fp8_forward_builds(dim, dim_v, varlen, sinks, softcap, out_dtype, short):
     """The FP8 forward: both GEMMs are FP8 WGMMAs, P stays in registers (the S -> P column
     permutation of ``operands`` is register-local, so no shuffle and no shared-memory trip), and P
     is converted two values at a time with saturation."""
     from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
-    src = get_forward_kernel(dim, dim_v, "float8_e4m3fn", sinks, softcap, varlen=varlen, out_dtype=out_dtype).get_kernel_source()
-    what = f"fp8 fwd d={dim}/{dim_v} varlen={varlen} sinks={sinks} softcap={softcap}"
+    src = get_forward_kernel(dim, dim_v, "float8_e4m3fn", sinks, softcap, varlen=varlen, out_dtype=out_dtype,
+                             short=short).get_kernel_source()
+    what = f"fp8 fwd d={dim}/{dim_v} varlen={varlen} sinks={sinks} softcap={softcap} short={short}"
     _assert_hopper(src, what)
     assert "wgmma_rs" in src and "wgmma_ss" in src, f"{what}: P V should read P from registers (wgmma_rs)"
     assert "fp8_e4_t" in src and "__nv_cvt_float2_to_fp8x2" in src and "__NV_SATFINITE" in src, f"{what}: P conversion"

@@ -123,9 +123,11 @@ def mask_kind(window: tuple[int, int]) -> str:
 # Dense forwards whose query and key lengths are both at most this (per head dim) take
 # ``short_forward``'s tiles.
 SHORT_SEQLEN = {64: 1024, 256: 512}
+# FP8 forwards with either length at most this (per head dim) take the short row.
+FP8_SHORT_SEQLEN = {128: 4095}
 
 
-def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int) -> bool:
+def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> bool:
     """Whether a dense forward takes the short-sequence row of ``fwd_config`` (a runtime choice
     between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN[d]``.
 
@@ -143,7 +145,20 @@ def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int) -> bool:
     0.853-0.862 (better); 2k full 0.913-0.971 / 0.886-0.908: hence 512.
 
     Head dims below 64 (zero-padded to 16, 32 or 48) and 192/128 keep their one kernel: the
-    short rows are not measured there."""
+    short rows are not measured there.
+
+    FP8 (``fp8``), d = 128: the persistent pairs of 128 x 128 tiles unless both lengths are at
+    least 4096, where one 192 x 96 tile per CTA on three consumer warpgroups is the long row.
+    H200 (``h200-2026-11-28g/a``, ``b``, ``c``: ``tune.py fwd --fp8``, 16k tokens x 16 heads, ms,
+    pairs / 192 x 96, interleaved rounds of three device calls): 1k full 0.260 / 0.290, causal
+    0.198 / 0.229; 2k full 0.424 / 0.427, causal 0.276 / 0.297; 4k full 0.748-0.755 /
+    0.735-0.753, causal 0.439-0.440 / 0.440-0.444; 16k full 2.684-2.770 / 2.620-2.702, causal
+    1.417-1.437 / 1.336-1.385; GQA 4:1 4k full 0.726 / 0.714, 16k causal 1.419 / 1.337.  Both
+    lengths: the 192-row tiles lose where a tile's key loop is short (the pairs overlap a
+    tile's end with the next tile's start) and where the last tile of a row is mostly empty."""
+    if fp8:
+        bound = FP8_SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
+        return bound > 0 and min(seqlen_q, seqlen_k) <= bound
     bound = SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
     return seqlen_q <= bound and seqlen_k <= bound
 
@@ -159,7 +174,7 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     if "fwd" in overrides:
         return overrides["fwd"]
     if dtype in (FP8_DTYPE, "float8_e4m3fn"):
-        return fp8_fwd_config(dim, dim_v, varlen)
+        return fp8_fwd_config(dim, dim_v, varlen, short)
     if varlen:
         from dataclasses import replace
 
@@ -195,14 +210,18 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
 
 
-def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False) -> FwdConfig:
+def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = False) -> FwdConfig:
     """FP8 forward tiles: the hand-written kernel with the bf16 rows' schedules (persistent pairs
-    at d <= 128 for dense batches).  Key blocks are multiples of 32 (P is the P V GEMM's A operand,
+    at d <= 128 for dense batches, but for d = 128's long sequences).  Key blocks are multiples of 32 (P is the P V GEMM's A operand,
     K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256 takes 128 keys where bf16
-    takes 80."""
+    takes 80.  ``short`` (``short_forward``): d = 128's dense row for short sequences; the
+    long one is 192 x 96 on three consumer warpgroups (192 x 128 spills their 160 registers a
+    thread; the persistent pairs spill at 192 x 96)."""
     widest = max(dim, dim_v)
     if widest <= 64:
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
+    if (dim, dim_v) == (128, 128) and not varlen and not short:
+        return FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if widest <= 128:
         return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
                          tiles_per_cta=1 if varlen else 0)

@@ -189,7 +189,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         return out, lse
     if packed is not None and (packed.batch == 0 or packed.max_q == 0):
         return out, lse
-    short = packed is None and fp8 is None and configs.short_forward(d, dv, q.shape[1], sk)
+    short = packed is None and configs.short_forward(d, dv, q.shape[1], sk, fp8 is not None)
     kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
                             target.sm_count(q.device), dtype_name(out_dtype), short)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
