@@ -198,7 +198,7 @@ def test_fp8_kernel_roundings_add_little_to_input_quantization(gen):
         assert rms <= 1.5 * rms_inputs, f"window {window}: kernel RMS error {rms:.3g} > 1.5 x input quantization's {rms_inputs:.3g}"
 
 
-@pytest.mark.parametrize("sk,dv", [(1, 128), (17, 64), (64, 128), (100, 80), (4097, 256)])
+@pytest.mark.parametrize("sk,dv", [(1, 128), (17, 64), (64, 128), (100, 80), (33, 48), (4097, 256)])
 def test_transpose_v_kernel_matches_reference(sk, dv, gen):
     """The V^T pre-pass kernel equals the torch reference ``operands.transpose_v`` bit for bit
     (output NaN-poisoned first: every column is written)."""

@@ -2,7 +2,8 @@
 group in ``operands.key_of_column`` order (why: ``operands``).
 
 One CTA per (64-key block, kv head, batch entry): the block's rows are loaded with 16-byte
-loads, transposed and permuted through shared memory, and stored row by row of V^T, guarded:
+loads, transposed and permuted through shared memory, and stored 16 keys (one permutation
+group, 16 bytes) at a time per thread, guarded per group:
 dense batches up to the padded key extent (keys past Sk are written as zeros up to the 16-key
 padding), packed batches only up to the sequence's last whole group, so one sequence's CTA
 never writes another's columns; the launcher zero-fills the gaps between sequences (every
@@ -28,7 +29,9 @@ BLOCK = 64  # keys per CTA (4 permutation groups)
 def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: int = 128):
     """Dense: V (B, Sk, Hkv, dim_v) -> Vt (B, Hkv, dim_v, Skv), Skv = Sk rounded up to 16.
     Packed: V (1, Tk, Hkv, dim_v), CuK (batch + 1,), LenK (batch,) int32, scalar max_k ->
-    Vt (1, Hkv, dim_v, Tv) at ``operands.v_offsets``."""
+    Vt (1, Hkv, dim_v, Tv) at ``operands.v_offsets``.  Vt arrives as its view with the keys
+    split into (key groups, 16) (``launch_transpose_v``), so each group's 16-byte store is
+    provably aligned and TileLang vectorises it."""
 
     @T.macro
     def body(V, Vt, seqs):
@@ -36,8 +39,10 @@ def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: in
         with T.Kernel(T.ceildiv(seqs.max_k, block), Hkv, seqs.batch, threads=threads) as (bx, hk, b):
             rows = T.alloc_shared([block, dim_v], FP8)
             # V^T tile, rows padded by 4 bytes: the transposing loop's lanes walk d_v, so an
-            # unpadded 64-byte row stride would put 16 lanes on one bank.
+            # unpadded 64-byte row stride would put 16 lanes on one bank (a 16-byte pad keeps
+            # rows 16-byte aligned but puts 4 lanes on one bank: 16% slower at d = 128, NOTES).
             cols = T.alloc_shared([dim_v, block + 4], FP8)
+            group = T.alloc_local([GROUP], FP8)  # one key group, read from cols in 4-byte words
             seq = seqs.of(b)
             n0 = bx * block
             T.copy(seq.k_rows(V, n0, block, hk), rows)
@@ -46,26 +51,34 @@ def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: in
                 cols[j, i] = T.if_then_else(n0 + key < seq.len_k, rows[key, j], T.cast(0, FP8))
             # Dense: up to the padded key extent (the tensor's edge).  Packed: whole groups of this
             # sequence only, since the next sequence's columns start right after them.
-            end = (seq.len_k + GROUP - 1) // GROUP * GROUP if varlen else Vt.shape[3]
-            for j, i in T.Parallel(dim_v, block):
-                if n0 + i < end:
-                    Vt[seq.b, hk, j, seq.v0 + n0 + i] = cols[j, i]
+            # Group starts (n0, v0) and ends are multiples of 16: a group is stored whole or not.
+            end = (seq.len_k + GROUP - 1) // GROUP * GROUP if varlen else Vt.shape[3] * GROUP
+            tx = T.get_thread_binding()
+            per_row = block // GROUP
+            groups = dim_v * per_row  # not a multiple of the threads at d_v = 48, 80, ...
+            for it in T.serial(T.ceildiv(groups, threads)):
+                j, g = (it * threads + tx) // per_row, (it * threads + tx) % per_row
+                if it * threads + tx < groups and n0 + g * GROUP < end:
+                    for e in T.vectorized(GROUP):
+                        group[e] = cols[j, g * GROUP + e]
+                    for e in T.vectorized(GROUP):
+                        Vt[seq.b, hk, j, (seq.v0 + n0) // GROUP + g, e] = group[e]
 
     if not varlen:
-        B, Sk, Hkv, Skv = T.dynamic("B, Sk, Hkv, Skv")
+        B, Sk, Hkv, Gkv = T.dynamic("B, Sk, Hkv, Gkv")
 
         @T.prim_func
-        def main(V: T.Tensor([B, Sk, Hkv, dim_v], FP8), Vt: T.Tensor([B, Hkv, dim_v, Skv], FP8)):
+        def main(V: T.Tensor([B, Sk, Hkv, dim_v], FP8), Vt: T.Tensor([B, Hkv, dim_v, Gkv, GROUP], FP8)):
             body(V, Vt, seqinfo.dense(B, Sk, Sk))
 
         return main
 
-    Tk, Tv, Hkv, Bc, Bn = T.dynamic("Tk, Tv, Hkv, Bc, Bn")
+    Tk, Gv, Hkv, Bc, Bn = T.dynamic("Tk, Gv, Hkv, Bc, Bn")
 
     @T.prim_func
     def main_varlen(
         V: T.Tensor([1, Tk, Hkv, dim_v], FP8),
-        Vt: T.Tensor([1, Hkv, dim_v, Tv], FP8),
+        Vt: T.Tensor([1, Hkv, dim_v, Gv, GROUP], FP8),
         CuK: T.Tensor([Bc], T.int32),
         LenK: T.Tensor([Bn], T.int32),
         max_k: T.int32,
@@ -88,10 +101,16 @@ def launch_transpose_v(v: torch.Tensor, packed=None) -> torch.Tensor:
         b, sk, hkv, _ = v.shape
         vt = debug.new_output((b, hkv, dv, padded_keys(sk)), v.dtype, v.device)
         if vt.numel():
-            get_kernel(dv, False)(v, vt)
+            get_kernel(dv, False)(v, grouped(vt))
         return vt
     total_k, hkv, _ = v.shape
     vt = torch.zeros(1, hkv, dv, packed_v_columns(total_k, packed.batch), dtype=v.dtype, device=v.device)
     if packed.batch and packed.max_k and vt.numel():
-        get_kernel(dv, True)(v[None], vt, packed.cu_k, packed.lens_k, packed.max_k)
+        get_kernel(dv, True)(v[None], grouped(vt), packed.cu_k, packed.lens_k, packed.max_k)
     return vt
+
+
+def grouped(vt: torch.Tensor) -> torch.Tensor:
+    """The kernel's view of V^T: keys split into (groups of 16, 16); the key extent is a
+    multiple of 16 (``operands.padded_keys``, ``packed_v_columns``)."""
+    return vt.view(*vt.shape[:-1], vt.shape[-1] // GROUP, GROUP)
