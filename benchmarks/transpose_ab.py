@@ -57,8 +57,8 @@ def main() -> None:
         if old:
             t_old = bench_graph(lambda: old.launch_transpose_v(v)) * 1e6
             with debug.poison():
-                a, b = new.launch_transpose_v(v), old.launch_transpose_v(v)
-            assert torch.equal(a.view(torch.int8), b.view(torch.int8)), f"d={d}: the two V^T differ"
+                vt_new, vt_old = new.launch_transpose_v(v), old.launch_transpose_v(v)
+            assert torch.equal(vt_new.view(torch.int8), vt_old.view(torch.int8)), f"d={d}: the two V^T differ"
             row += f" {t_old:.1f} | {mb * 1e3 / t_old:.0f} |"
         print(row, flush=True)
 

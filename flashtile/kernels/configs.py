@@ -129,7 +129,8 @@ FP8_SHORT_SEQLEN = {128: 4095}
 
 def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> bool:
     """Whether a dense forward takes the short-sequence row of ``fwd_config`` (a runtime choice
-    between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN[d]``.
+    between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN[d]``;
+    FP8 (``fp8``) d = 128 with either length <= ``FP8_SHORT_SEQLEN[d]``.
 
     d = 64: such tiles see at most 8 key blocks, too few to amortise a one-tile CTA's launch, Q
     load and epilogue (29% of the warp samples at 1k causal: NOTES, eleventh session), so they
@@ -212,8 +213,8 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
 
 def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = False) -> FwdConfig:
     """FP8 forward tiles: the hand-written kernel with the bf16 rows' schedules (persistent pairs
-    at d <= 128 for dense batches, but for d = 128's long sequences).  Key blocks are multiples of 32 (P is the P V GEMM's A operand,
-    K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256 takes 128 keys where bf16
+    at d <= 128 for dense batches, except d = 128's long sequences).  Key blocks are multiples
+    of 32 (P is the P V GEMM's A operand, K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256 takes 128 keys where bf16
     takes 80.  ``short`` (``short_forward``): d = 128's dense row for short sequences; the
     long one is 192 x 96 on three consumer warpgroups (192 x 128 spills their 160 registers a
     thread; the persistent pairs spill at 192 x 96)."""
