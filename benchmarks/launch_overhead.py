@@ -21,6 +21,7 @@ from flashtile.kernels import debug
 from flashtile.kernels import launch as fwd
 from flashtile.kernels import backward as kernels_backward
 from flashtile.kernels import forward as kernels_forward
+from host_overhead_cpu import _Floor  # the autograd floor (this script's directory is on sys.path)
 
 
 def per_call_us(fn, n=400):
@@ -32,21 +33,6 @@ def per_call_us(fn, n=400):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / n * 1e6
-
-
-class _Floor(torch.autograd.Function):
-    """The least a Python autograd.Function with flash_attn_func's outputs costs: allocations
-    only, no kernels (the floor under ``flash_attn_func + backward``)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        ctx.save_for_backward(q, k, v)
-        return torch.empty_like(q), q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def pieces(qd, kc, vc, lens, qg, kg, vg, dout):

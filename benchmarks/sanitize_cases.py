@@ -411,7 +411,7 @@ def structures(cases):
             window = (-1, -1) if c.window == (-1, -1) and not c.causal else (0, 0)
             s = ("fwd8", dict(dim=dp, dim_v=dvp, dtype="float8_e4m3fn", has_sinks=c.sinks, has_softcap=c.softcap > 0,
                               window=window, varlen=varlen, num_sms=sms, out_dtype="bfloat16"))
-            short = [("fwd8", {**s[1], "short": True})] if not varlen and configs.short_forward(dp, dvp, 1, 1, fp8=True) else []
+            short = [("fwd8", {**s[1], "short": True})] if configs.has_short_row(dp, dvp, varlen, fp8=True) else []
             for s in [s, *short]:  # short: the d=128 FP8 forward's second kernel (the sanitizer's sizes take it)
                 if s not in seen:
                     seen.append(s)
@@ -424,7 +424,7 @@ def structures(cases):
         dp, dvp = configs.kernel_headdims(c.d, c.d_v, "bwd")
         bwd = dict(dim=dp, dim_v=dvp, dtype=dt, has_softcap=c.softcap > 0, has_dlse=c.lse_grad,
                    deterministic=c.deterministic, window=window, varlen=varlen)
-        short = [("fwd", {**fwd, "short": True})] if not varlen and configs.short_forward(dp, dvp, 1, 1) else []
+        short = [("fwd", {**fwd, "short": True})] if configs.has_short_row(dp, dvp, varlen) else []
         for s in [("fwd", fwd), *short, ("bwd", bwd)]:  # short: the d=64 forward's second kernel
             if s not in seen:
                 seen.append(s)

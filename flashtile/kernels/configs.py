@@ -164,6 +164,13 @@ def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool 
     return seqlen_q <= bound and seqlen_k <= bound
 
 
+def has_short_row(dim: int, dim_v: int, varlen: bool, fp8: bool = False) -> bool:
+    """Whether a forward structure has a second kernel for short sequences (``short_forward``
+    says short for some lengths): what precompile and the sanitizer build beside the long one.
+    Packed batches have one kernel."""
+    return not varlen and short_forward(dim, dim_v, 1, 1, fp8)
+
+
 def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool = False,
                short: bool = False) -> FwdConfig:
     """Forward tiles.  128 query rows = two consumer warpgroups of 64 rows each; the key

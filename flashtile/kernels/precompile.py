@@ -42,13 +42,13 @@ def structures(headdims, dtypes, features, passes=PASSES):
         elif base == "fwd":
             kw = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
             yield p, kw
-            if not varlen and configs.short_forward(dim, dim_v, 1, 1):  # the short-sequence row too
+            if configs.has_short_row(dim, dim_v, varlen):  # the short-sequence row too
                 yield p, {**kw, "short": True}
         elif base == "fwd8":
             kw = dict(dim=dim, dim_v=dim_v, dtype="float8_e4m3fn", has_sinks=has_sinks, has_softcap=has_softcap,
                       varlen=varlen, out_dtype=dtype)
             yield p, kw
-            if not varlen and configs.short_forward(dim, dim_v, 1, 1, fp8=True):  # the short-sequence row too
+            if configs.has_short_row(dim, dim_v, varlen, fp8=True):  # the short-sequence row too
                 yield p, {**kw, "short": True}
         elif not has_sinks:  # sinks do not change the backward kernels
             yield p, dict(
