@@ -192,3 +192,20 @@ def test_fp8_forwards_take_the_long_row_only_when_both_lengths_are_long(d, dv, s
         assert configs.fwd_config(96, 96, fp8, kind) == configs.fwd_config(96, 96, fp8, kind, short=True)
     built = [kw.get("short", False) for p, kw in precompile.structures([(d, dv)], ["bfloat16"], ["plain"], ["fwd8", "vfwd8"])]
     assert built == ([False, True, False] if (d, dv) == (128, 128) else [False, False]), built
+
+
+def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
+    """``FLASHTILE_FWD_FLAGS`` (developer switch: the GPU suite under a candidate flag) parses to
+    ``overrides["fwd_flags"]``, which ``fwd_config`` sets on every hand-written row (packed and
+    short rows too) and never on the auto-pipelined kernel's; a bad entry is a named error."""
+    assert configs._env_fwd_flags("pingpong=0, skip_rescale=1") == {"pingpong": False, "skip_rescale": True}
+    for bad in ("pingpong", "pingpong=2", "tiles_per_cta=1", "nope=1"):
+        with pytest.raises(ValueError, match="FLASHTILE_FWD_FLAGS"):
+            configs._env_fwd_flags(bad)
+    monkeypatch.setitem(configs.overrides, "fwd_flags", {"skip_rescale": True})
+    for dim, dtype, varlen, short in ((128, "bfloat16", False, False), (128, "bfloat16", True, False),
+                                      (64, "bfloat16", False, True), (128, "float8_e4m3fn", False, False)):
+        cfg = configs.fwd_config(dim, dim, dtype, "full", varlen, short)
+        assert cfg.manual_ws and cfg.skip_rescale, (dim, dtype, varlen, short, cfg)
+    monkeypatch.setitem(configs.overrides, "fwd", configs.FwdConfig(128, 128, 2, 256))
+    assert not configs.fwd_config(128, 128, "bfloat16", "full").skip_rescale  # an explicit config wins

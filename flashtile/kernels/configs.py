@@ -12,6 +12,7 @@ the numbers as arguments and the launcher (``launch.py``) asks ``fwd_config`` /
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -96,8 +97,27 @@ def builder(config):
     return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
-# Tuning hook (benchmarks/tune.py): pass name -> config that replaces the table's answer.
+# Tuning hook (benchmarks/tune.py): pass name -> config that replaces the table's answer;
+# "fwd_flags": {field: value} set on the table's hand-written forward configs.
 overrides: dict[str, object] = {}
+
+
+def _env_fwd_flags(text: str) -> dict:
+    """``FLASHTILE_FWD_FLAGS="pingpong=0,skip_rescale=1"`` -> {"pingpong": False, ...}: a
+    developer switch that runs the GPU suite, precompile and benchmarks with a candidate flag
+    on every hand-written forward row (its worker processes inherit it)."""
+    fields = {"pingpong", "skip_rescale"}
+    flags = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in fields or value not in ("0", "1"):
+            raise ValueError(f"FLASHTILE_FWD_FLAGS: {item!r} is not <flag>=0|1 with a flag in {sorted(fields)}")
+        flags[name] = value == "1"
+    return flags
+
+
+if os.environ.get("FLASHTILE_FWD_FLAGS"):
+    overrides["fwd_flags"] = _env_fwd_flags(os.environ["FLASHTILE_FWD_FLAGS"])
 
 
 def kernel_headdim(dim: int, pass_: str) -> int:
@@ -181,6 +201,16 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
     ``short_forward`` says is short."""
     if "fwd" in overrides:
         return overrides["fwd"]
+    config = _fwd_row(dim, dim_v, dtype, kind, varlen, short)
+    if overrides.get("fwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
+        from dataclasses import replace
+
+        return replace(config, **overrides["fwd_flags"])
+    return config
+
+
+def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, short: bool) -> FwdConfig:
+    """``fwd_config``'s table."""
     if dtype in (FP8_DTYPE, "float8_e4m3fn"):
         return fp8_fwd_config(dim, dim_v, varlen, short)
     if varlen:
