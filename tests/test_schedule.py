@@ -197,7 +197,8 @@ def test_fp8_forwards_take_the_long_row_only_when_both_lengths_are_long(d, dv, s
 def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     """``FLASHTILE_FWD_FLAGS`` (developer switch: the GPU suite under a candidate flag) parses to
     ``overrides["fwd_flags"]``, which ``fwd_config`` sets on every hand-written row (packed and
-    short rows too) and never on the auto-pipelined kernel's; a bad entry is a named error."""
+    short rows too), never on an explicit ``overrides["fwd"]`` config; a bad entry is a named
+    error."""
     assert configs._env_fwd_flags("pingpong=0, skip_rescale=1") == {"pingpong": False, "skip_rescale": True}
     for bad in ("pingpong", "pingpong=2", "tiles_per_cta=1", "nope=1"):
         with pytest.raises(ValueError, match="FLASHTILE_FWD_FLAGS"):

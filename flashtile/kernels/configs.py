@@ -105,7 +105,8 @@ overrides: dict[str, object] = {}
 def _env_fwd_flags(text: str) -> dict:
     """``FLASHTILE_FWD_FLAGS="pingpong=0,skip_rescale=1"`` -> {"pingpong": False, ...}: a
     developer switch that runs the GPU suite, precompile and benchmarks with a candidate flag
-    on every hand-written forward row (its worker processes inherit it)."""
+    on every hand-written forward row (its worker processes inherit it).  While it is set the
+    launcher does not memoise its kernel choice (``launch._memoised``: overrides may change)."""
     fields = {"pingpong", "skip_rescale"}
     flags = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
