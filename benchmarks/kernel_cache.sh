@@ -14,6 +14,8 @@
 #   bash benchmarks/kernel_cache.sh prune    # ... after it: drop the entries the fill did not load
 #   bash benchmarks/kernel_cache.sh pack     # here: local cache -> .carry/kernels.tar.xz
 #   bash benchmarks/kernel_cache.sh unpack   # device: .carry/kernels.tar.xz -> $TILELANG_CACHE_DIR
+#   bash benchmarks/kernel_cache.sh pack-used  # after mark + an experiment's builds: carry only those
+#   bash benchmarks/kernel_cache.sh restore    # ... and the full pack back afterwards
 set -euo pipefail
 ver=$(python3 -c "import tilelang; print(tilelang.__version__.split('+')[0])" 2>/dev/null || echo 0.1.15)
 case ${1:-} in
@@ -87,6 +89,24 @@ case ${1:-} in
     src=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver
     tar -C "$src" -cf - linux-x86_64 | xz -T2 -6 > .carry/kernels.tar.xz
     echo "packed $(ls "$src/linux-x86_64/kernels" | wc -l) kernels: $(du -h .carry/kernels.tar.xz | cut -f1)";;
+  pack-used|restore)
+    # An experiment's device call carries only the kernels it reads (the full pack plus a
+    # dozen new entries can pass the device tool's 64 MiB carry limit): `mark`, build or load
+    # what the call runs (tune.py's prebuild, a fill under FLASHTILE_FWD_FLAGS, the test groups'
+    # precompile), then `pack-used` moves the full pack aside to $FULL_PACK (outside .carry,
+    # so it does not travel; kept if already there) and packs the entries read since `mark`.
+    # `restore` puts the full pack back (it still matches a tree whose kernels did not change).
+    full=${FULL_PACK:-/tmp/flashtile-kernels-full.tar.xz}
+    if [ "$1" = restore ]; then
+      mv "$full" .carry/kernels.tar.xz && echo "restored $full"
+    else
+      src=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver
+      [ -f "$full" ] || mv .carry/kernels.tar.xz "$full"
+      (cd "$src" && for e in linux-x86_64/kernels/*/; do
+         if [ -n "$(find "$e" -type f -newerat 2001-01-01 | head -1)" ]; then echo "${e%/}"; fi; done) > "$full.list"
+      tar -C "$src" -cf - -T "$full.list" | xz -T2 -6 > .carry/kernels.tar.xz
+      echo "packed $(wc -l < "$full.list") kernels read since mark: $(du -h .carry/kernels.tar.xz | cut -f1) (full pack: $full)"
+    fi;;
   unpack)
     dst=${TILELANG_CACHE_DIR:?}/$ver
     mkdir -p "$dst"
@@ -94,5 +114,5 @@ case ${1:-} in
       xz -dc .carry/kernels.tar.xz | tar -C "$dst" -xf -
       echo "unpacked $(ls "$dst/linux-x86_64/kernels" | wc -l) kernels into $dst"
     fi;;
-  *) echo "usage: $0 fill|mark|prune|pack|unpack" >&2; exit 2;;
+  *) echo "usage: $0 fill|mark|prune|pack|pack-used|restore|unpack" >&2; exit 2;;
 esac; exit  # read to here before running: an edit while a fill runs cannot change what it runs next
