@@ -46,9 +46,11 @@ def main() -> None:
     t_bwd = time.perf_counter() - T0
     from flashtile.kernels import cache
 
+    indexed = sum(isinstance(k, cache.IndexedKernel) for k in cache._kernels.values())
     print(f"d={a.headdim} {a.dtype} causal={a.causal} gqa={a.gqa}: torch {t_torch:.2f} s, cuda {t_cuda:.2f} s, "
           f"flashtile {t_ft:.2f} s, first forward {t_fwd:.2f} s, first backward {t_bwd:.2f} s "
-          f"(forward alone {t_fwd - t_ft:.2f} s; kernels built in process: {cache.total_builds()})", flush=True)
+          f"(forward alone {t_fwd - t_ft:.2f} s; kernels first used in process: {cache.total_builds()}, "
+          f"{indexed} of them loaded by structure id)", flush=True)
 
 
 if __name__ == "__main__":

@@ -213,10 +213,16 @@ def test_kernels_call_the_executable_directly_from_the_first_call():
 @pytest.mark.compile
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_built_kernels_take_the_direct_call():
-    """The real TileLang kernels qualify (their adapter allocates no outputs)."""
+    """The real TileLang kernels qualify (their adapter allocates no outputs); a kernel loaded
+    from its tagged cache entry (``cache.IndexedKernel``: a cache an earlier process filled) is
+    the executable itself."""
+    from flashtile.kernels import cache
     from flashtile.kernels.decode import get_decode_kernels
 
     for kernel in get_decode_kernels(128, 128, "bfloat16", False, False):
+        if isinstance(kernel, cache.IndexedKernel):
+            assert callable(kernel.torch_function) and "__global__" in kernel.get_kernel_source()
+            continue
         assert kernel.torch_function.__name__ == "first_call", kernel.torch_function
         assert not kernel.adapter.result_idx
 
@@ -314,3 +320,41 @@ def test_decode_plan_keeps_refusing_non_contiguous_caches(monkeypatch):
     decode.launch_decode(q, kc, kc, lens, *rest)
     with pytest.raises(NotImplementedError, match="non-contiguous"):
         decode.launch_decode(q, strided, strided, lens, *rest)
+
+
+def test_structure_ids_name_builder_arguments_and_sources(monkeypatch):
+    """``cache.structure_id``: the two compilations of the forward builder, other static
+    arguments and edited kernel sources all get other ids (an id picks a cache entry without
+    tracing, so nothing that changes the kernel may keep it); equal structures get one id."""
+    from flashtile.kernels import cache
+
+    ref, tile_ref = cache.BuilderRef("fwd_ws.attention_fwd_ws_kernel"), cache.BuilderRef("fwd_ws.attention_fwd_ws_tile_kernel")
+    kw = {"dim": 128, "dim_v": 128, "dtype": "bfloat16", "block_n": 128}
+    sid = cache.structure_id(ref, kw)
+    assert sid == cache.structure_id(cache.BuilderRef(ref.name), dict(reversed(list(kw.items()))))
+    assert len({sid, cache.structure_id(tile_ref, kw), cache.structure_id(ref, {**kw, "block_n": 96})}) == 3
+    monkeypatch.setattr(cache, "_sources_digest", lambda: "edited")
+    assert cache.structure_id(ref, kw) != sid
+    assert ref.__name__ == "attention_fwd_ws_kernel" and {ref: 1}[cache.BuilderRef(ref.name)] == 1
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_a_tagged_kernel_loads_in_a_new_process_without_its_builder():
+    """A kernel built (or loaded by TileLang) here tags its cache entry; a new process then loads
+    it by structure id: an ``IndexedKernel`` with the same device source, and the builder's
+    module (whose jit decorators cost ~0.4 s each) never imported."""
+    import subprocess
+    import sys
+
+    from flashtile.kernels import cache
+
+    args = "cache.BuilderRef('bwd_preprocess.attention_bwd_preprocess'), None, dim_v=64, dtype='bfloat16', has_dlse=False, varlen=False"
+    kernel = eval(f"cache.get({args})", {"cache": cache})
+    probe = (
+        "import sys; from flashtile.kernels import cache\n"
+        f"k = cache.get({args})\n"
+        "print(type(k).__name__, 'flashtile.kernels.bwd_preprocess' in sys.modules, len(k.get_kernel_source()))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["IndexedKernel", "False", str(len(kernel.get_kernel_source()))], out

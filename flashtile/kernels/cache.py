@@ -10,6 +10,16 @@ running after ``ANNOUNCE_AFTER_S`` (a compile, not a disk load) prints one line 
 what is being built, how long it usually takes and how to build ahead of time, finished with
 the seconds it took.  ``FLASHTILE_QUIET=1`` silences the line.
 
+A kernel's first use in a process normally costs TileLang a trace of the builder into TIR (to
+compute its disk-cache key) and, before that, the import of the builder's module, whose
+``@tilelang.jit`` decorators rewrite each kernel function's AST: ~0.4 s each on the CPU
+machine.  Each cache entry this layer builds or loads is tagged with the structure's id
+(``structure_id``: the builder, the static arguments, TileLang's version and a digest of this
+package's kernel sources), so later processes find the entry by that id and load its
+executable without importing the builder or tracing it (``_load_indexed``; builders named by
+``BuilderRef`` are imported only to build).  Any change to the kernel sources changes every id,
+so an entry built from older sources is never picked.
+
 Every kernel here takes all its tensors from the caller (no outputs allocated by TileLang), so
 a call goes straight to the compiled tvm-ffi executable (``_direct_calls``) instead of through
 TileLang's per-call argument stitching: 10.1 instead of 18.7 us per launch on the H200's host
@@ -18,6 +28,7 @@ TileLang's per-call argument stitching: 10.1 instead of 18.7 us per launch on th
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -25,6 +36,8 @@ import tarfile
 import threading
 import time
 from collections import Counter
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable
 
 ANNOUNCE_AFTER_S = 1.0  # disk loads finish well within it; compiles take 5-40 s
@@ -80,6 +93,131 @@ def _build(builder: Callable, name: str, kwargs: dict, static: dict) -> Any:
     return kernel
 
 
+TAG = "flashtile-structure-"  # + structure id: an empty file in the TileLang cache entry
+
+
+class BuilderRef:
+    """A ``@tilelang.jit`` builder of this package by name (``"fwd_ws.attention_fwd_ws_kernel"``),
+    imported only when a kernel must be built (``resolve``)."""
+
+    __slots__ = ("name", "__name__")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.__name__ = name.rsplit(".", 1)[1]
+
+    def resolve(self) -> Callable:
+        import importlib
+
+        module, attr = self.name.rsplit(".", 1)
+        return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+
+    def __eq__(self, other):
+        return isinstance(other, BuilderRef) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __repr__(self):
+        return f"BuilderRef({self.name!r})"
+
+
+@lru_cache(maxsize=1)
+def _sources_digest() -> str:
+    """sha256 over this package's kernel sources (builders, macros, tile tables): part of every
+    structure id, so an edited kernel never loads an entry built from the old source."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def structure_id(builder: Callable, kwargs: dict) -> str:
+    """The id of one compiled kernel: TileLang's version, the builder, the static arguments and
+    ``_sources_digest`` (which covers the jit options: targets and pass configs are written in
+    these sources).  A ``BuilderRef`` is its name; a builder object its function and jit options
+    (two compilations of one function differ in pass configs only)."""
+    from . import prebuilt
+
+    if isinstance(builder, BuilderRef):
+        who = builder.name
+    else:
+        func = getattr(getattr(builder, "func", None), "orig_func", builder)
+        options = {k: getattr(builder, k, None) for k in ("target", "pass_configs", "compile_flags", "out_idx", "execution_backend")}
+        configs = options.pop("pass_configs")
+        who = "|".join([f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', repr(func))}",
+                        repr(sorted((k, repr(v)) for k, v in options.items())),
+                        repr(sorted(((str(k), repr(v)) for k, v in configs.items())) if isinstance(configs, dict) else configs)])
+    text = "|".join([prebuilt._tilelang_version(), who, repr(sorted(kwargs.items())), _sources_digest()])
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _entries_root() -> Path:
+    """TileLang's directory of cache entries (``<cache>/<version>/<platform>/kernels``)."""
+    from . import prebuilt
+
+    return prebuilt.cache_root() / prebuilt._platform() / "kernels"
+
+
+_index: dict[str, Path] | None = None
+
+
+def _indexed_entry(sid: str) -> Path | None:
+    """The cache entry tagged ``sid`` (the tags are listed once per process)."""
+    global _index
+    if _index is None:
+        root = _entries_root()
+        _index = {tag.name[len(TAG):]: tag.parent for tag in root.glob(f"*/{TAG}*")} if root.is_dir() else {}
+    entry = _index.get(sid)
+    return entry if entry is not None and (entry / "executable.so").is_file() else None
+
+
+class IndexedKernel:
+    """A kernel loaded from its tagged cache entry: called like TileLang's kernels (the compiled
+    executable, arguments in parameter order), with the device source for inspection."""
+
+    def __init__(self, entry: Path):
+        from tilelang import tvm
+
+        self.entry = entry
+        self.torch_function = tvm.runtime.load_module(str(entry / "executable.so"))
+
+    def __call__(self, *args):
+        return self.torch_function(*args)
+
+    def get_kernel_source(self) -> str:
+        return (self.entry / "device_kernel.cu").read_text()
+
+
+def _load_indexed(sid: str, what: str) -> Any:
+    """The kernel of structure ``sid`` from its tagged entry, or None (no tag, or a load that
+    fails: the caller builds through TileLang as before)."""
+    entry = _indexed_entry(sid)
+    if entry is None:
+        return None
+    try:
+        kernel = IndexedKernel(entry)
+    except Exception as e:  # a damaged entry: TileLang rebuilds or reloads it
+        log.warning("flashtile: could not load %s from %s (%s); building it", what, entry, e)
+        return None
+    log.info("loaded %s from %s (no trace)", what, entry)
+    return kernel
+
+
+def _tag(kernel: Any, sid: str) -> None:
+    """Tag the TileLang cache entry ``kernel`` came from (a compile's or a disk hit's) with
+    ``sid``; a cache that cannot be written is left untagged."""
+    entry = getattr(kernel, "_tilelang_cache_path", None)
+    if entry is None or not (Path(entry) / "executable.so").is_file():
+        return
+    try:
+        (Path(entry) / f"{TAG}{sid}").touch()
+    except OSError:
+        return
+    if _index is not None:
+        _index[sid] = Path(entry)
+
+
 def _direct_calls(kernel: Any) -> Any:
     """Make ``kernel(*args)`` call the compiled executable itself, from its first call on.
 
@@ -119,7 +257,8 @@ def structure(builder: Callable, config: Any = None, **static) -> tuple:
     """``(builder, config, static (name, value) pairs, cache key)``: ``get_static``'s arguments,
     which a launcher may memoise per structure instead of rebuilding the key on every call."""
     pairs = tuple(static.items())
-    return builder, config, pairs, (id(builder), config, *pairs)  # builders are module-level: ids are stable
+    who = builder if isinstance(builder, BuilderRef) else id(builder)  # builders are module-level: ids are stable
+    return builder, config, pairs, (who, config, *pairs)
 
 
 def get_static(builder: Callable, config: Any, static: tuple, key_: tuple) -> Any:
@@ -139,7 +278,13 @@ def get_static(builder: Callable, config: Any, static: tuple, key_: tuple) -> An
                 static = dict(static)
                 kwargs = {**static, **(config.as_kwargs() if config is not None else {})}
                 name = getattr(builder, "__name__", None) or getattr(getattr(builder, "func", None), "__name__", "kernel")
-                kernel = _direct_calls(_build(builder, name, kwargs, static))
+                sid = structure_id(builder, kwargs)
+                kernel = _load_indexed(sid, f"{name} for {_describe(static)}")
+                if kernel is None:
+                    jit = builder.resolve() if isinstance(builder, BuilderRef) else builder
+                    built = _build(jit, name, kwargs, static)
+                    _tag(built, sid)
+                    kernel = _direct_calls(built)
                 _kernels[key_] = kernel
                 builds[(name, tuple(sorted(kwargs.items())))] += 1
     return kernel

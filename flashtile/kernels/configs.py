@@ -11,7 +11,6 @@ the numbers as arguments and the launcher (``launch.py``) asks ``fwd_config`` /
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import asdict, dataclass
 
@@ -91,10 +90,11 @@ class DqConfig:
 
 
 def builder(config):
-    """The ``@tilelang.jit`` builder a config names (``"module.function"`` in this package),
-    imported on first use."""
-    module, name = config.builder.split(".")
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    """The ``@tilelang.jit`` builder a config names (``"module.function"`` in this package), as a
+    ``cache.BuilderRef``: its module is imported only when the kernel must be built."""
+    from .cache import BuilderRef
+
+    return BuilderRef(config.builder)
 
 
 # Tuning hook (benchmarks/tune.py): pass name -> config that replaces the table's answer;

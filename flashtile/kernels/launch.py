@@ -21,7 +21,6 @@ import torch
 
 from . import cache, configs, debug, operands, seqinfo, target
 from .masks import host_window
-from .transpose_v import launch_transpose_v
 from .softmax import LOG2E
 
 
@@ -194,6 +193,8 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
                             target.sm_count(q.device), dtype_name(out_dtype), short)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
+        from .transpose_v import launch_transpose_v  # imported with the first FP8 call (its builder's jit decorator)
+
         v = launch_transpose_v(v, packed)
         v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
         sinks32 = operands.params(sinks32, *fp8[:3])
@@ -221,8 +222,9 @@ def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dl
 def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen, num_sms=132):
     """``cache.structure`` of (preprocess, dK/dV main, dQ or None), then the main kernel's
     ``BwdConfig``."""
-    from .bwd_preprocess import attention_bwd_preprocess
-    from .cache import structure
+    from .cache import BuilderRef, structure
+
+    attention_bwd_preprocess = BuilderRef("bwd_preprocess.attention_bwd_preprocess")
 
     prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse, varlen=varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)

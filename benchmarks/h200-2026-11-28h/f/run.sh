@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Twenty-fourth session, call f: first use with kernels found by structure id (NOTES prediction 4),
+# then the dense GPU tests with every kernel loaded that way (the carried pack's entries are
+# tagged).  Needs `carry: [".carry", "flashtile/kernels/prebuilt"]`.  $1 = out.
+set -u
+o=$1; mkdir -p "$o"
+for args in "--headdim 128 --dtype bfloat16 --causal" "--headdim 64 --dtype float16 --gqa 4" "--headdim 256 --dtype bfloat16"; do
+  d=$(mktemp -d)
+  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1   # cold: the shipped bundle only
+  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1   # the next process
+done
+grep "first forward" "$o/first_use.txt"
+timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py tests/test_degenerate.py > "$o/gpu_tests.txt" 2>&1
+tail -1 "$o/gpu_tests.txt"
+python3 -c "
+from flashtile.kernels import cache, launch
+k = launch.forward_kernel(128, 128, 'bfloat16', False, False)
+print('forward kernel via', type(k).__name__)" >> "$o/gpu_tests.txt" 2>&1
+tail -1 "$o/gpu_tests.txt"
