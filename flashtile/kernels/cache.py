@@ -208,14 +208,23 @@ def _tag(kernel: Any, sid: str) -> None:
     """Tag the TileLang cache entry ``kernel`` came from (a compile's or a disk hit's) with
     ``sid``; a cache that cannot be written is left untagged."""
     entry = getattr(kernel, "_tilelang_cache_path", None)
-    if entry is None or not (Path(entry) / "executable.so").is_file():
-        return
+    if entry is None or not _direct_callable(kernel) or not (Path(entry) / "executable.so").is_file():
+        return  # an adapter that allocates outputs must stay in the call: never loaded by id
     try:
         (Path(entry) / f"{TAG}{sid}").touch()
     except OSError:
         return
     if _index is not None:
         _index[sid] = Path(entry)
+
+
+def _direct_callable(kernel: Any) -> bool:
+    """Whether ``kernel``'s executable takes exactly the caller's arguments (no outputs that
+    TileLang's adapter allocates): then it may be called directly, and loaded by structure id."""
+    adapter = getattr(kernel, "adapter", None)
+    return not (kernel is None or adapter is None or getattr(adapter, "result_idx", None)
+                or getattr(adapter, "_ffi_callee_allocated_output_abi", False)
+                or not callable(getattr(adapter, "_get_executable", None)))
 
 
 def _direct_calls(kernel: Any) -> Any:
@@ -229,11 +238,9 @@ def _direct_calls(kernel: Any) -> Any:
     of another adapter or with adapter-allocated outputs keep the adapter.  Resolved lazily: the
     executable is loaded on the first call (a CPU-only machine builds kernels but never calls
     them)."""
-    adapter = getattr(kernel, "adapter", None)
-    if (kernel is None or adapter is None or getattr(adapter, "result_idx", None)
-            or getattr(adapter, "_ffi_callee_allocated_output_abi", False)
-            or not callable(getattr(adapter, "_get_executable", None))):
+    if not _direct_callable(kernel):
         return kernel
+    adapter = kernel.adapter
 
     def first_call(*args):
         executable = adapter._get_executable()
