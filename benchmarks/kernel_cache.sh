@@ -17,6 +17,8 @@
 #   bash benchmarks/kernel_cache.sh pack-used  # after mark + an experiment's builds: carry only those
 #   bash benchmarks/kernel_cache.sh restore    # ... and the full pack back afterwards
 set -euo pipefail
+# An entry some process read since `mark` (see mark|prune): a file whose atime is after 2001.
+read_since_mark() { [ -n "$(find "$1" -type f -newerat 2001-01-01 | head -1)" ]; }
 ver=$(python3 -c "import tilelang; print(tilelang.__version__.split('+')[0])" 2>/dev/null || echo 0.1.15)
 case ${1:-} in
   fill)
@@ -81,7 +83,7 @@ case ${1:-} in
       done
       n=0
       for e in "$dir"/*/; do
-        if [ -z "$(find "$e" -type f -newerat 2001-01-01 | head -1)" ]; then rm -rf "$e"; n=$((n + 1)); fi
+        if ! read_since_mark "$e"; then rm -rf "$e"; n=$((n + 1)); fi
       done
       echo "pruned $n entries, $(ls "$dir" | wc -l) left"
     fi;;
@@ -103,7 +105,7 @@ case ${1:-} in
       src=${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}/$ver
       [ -f "$full" ] || mv .carry/kernels.tar.xz "$full"
       (cd "$src" && for e in linux-x86_64/kernels/*/; do
-         if [ -n "$(find "$e" -type f -newerat 2001-01-01 | head -1)" ]; then echo "${e%/}"; fi; done) > "$full.list"
+         if read_since_mark "$e"; then echo "${e%/}"; fi; done) > "$full.list"
       tar -C "$src" -cf - -T "$full.list" | xz -T2 -6 > .carry/kernels.tar.xz
       echo "packed $(wc -l < "$full.list") kernels read since mark: $(du -h .carry/kernels.tar.xz | cut -f1) (full pack: $full)"
     fi;;

@@ -141,13 +141,10 @@ def structure_id(builder: Callable, kwargs: dict) -> str:
 
     if isinstance(builder, BuilderRef):
         who = builder.name
-    else:
+    else:  # jit options in the order the sources write them (the digest covers those)
         func = getattr(getattr(builder, "func", None), "orig_func", builder)
-        options = {k: getattr(builder, k, None) for k in ("target", "pass_configs", "compile_flags", "out_idx", "execution_backend")}
-        configs = options.pop("pass_configs")
-        who = "|".join([f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', repr(func))}",
-                        repr(sorted((k, repr(v)) for k, v in options.items())),
-                        repr(sorted(((str(k), repr(v)) for k, v in configs.items())) if isinstance(configs, dict) else configs)])
+        options = [repr(getattr(builder, k, None)) for k in ("target", "pass_configs", "compile_flags", "out_idx", "execution_backend")]
+        who = "|".join([f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', repr(func))}", *options])
     text = "|".join([prebuilt._tilelang_version(), who, repr(sorted(kwargs.items())), _sources_digest()])
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 

@@ -12,7 +12,7 @@ the numbers as arguments and the launcher (``launch.py``) asks ``fwd_config`` /
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -178,10 +178,9 @@ def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool 
     1.417-1.437 / 1.336-1.385; GQA 4:1 4k full 0.726 / 0.714, 16k causal 1.419 / 1.337.  Both
     lengths: the 192-row tiles lose where a tile's key loop is short (the pairs overlap a
     tile's end with the next tile's start) and where the last tile of a row is mostly empty."""
-    if fp8:
-        bound = FP8_SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
+    bound = (FP8_SHORT_SEQLEN if fp8 else SHORT_SEQLEN).get(dim, 0) if dim == dim_v else 0
+    if fp8:  # either length short
         return bound > 0 and min(seqlen_q, seqlen_k) <= bound
-    bound = SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
     return seqlen_q <= bound and seqlen_k <= bound
 
 
@@ -204,8 +203,6 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
         return overrides["fwd"]
     config = _fwd_row(dim, dim_v, dtype, kind, varlen, short)
     if overrides.get("fwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
-        from dataclasses import replace
-
         return replace(config, **overrides["fwd_flags"])
     return config
 
@@ -215,8 +212,6 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
     if dtype in (FP8_DTYPE, "float8_e4m3fn"):
         return fp8_fwd_config(dim, dim_v, varlen, short)
     if varlen:
-        from dataclasses import replace
-
         return replace(fwd_config(dim, dim_v, dtype, kind), tiles_per_cta=1)
     widest = max(dim, dim_v)
     if short and widest <= 64:
