@@ -6,12 +6,14 @@ directory), so nothing is cached but what the package ships (``kernels/prebuilt`
     TILELANG_CACHE_DIR=$(mktemp -d) python3 benchmarks/first_use.py --headdim 128 --dtype bfloat16 --causal
 
 Prints seconds from interpreter start for: torch imported, CUDA initialised, flashtile imported,
-first forward result, first backward result (each includes the steps before it).
+first forward result, first backward result (each includes the steps before it), and whether
+TileLang was imported (not when every kernel loaded by structure id: ``kernels/cache.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 T0 = time.perf_counter()
@@ -50,7 +52,7 @@ def main() -> None:
     print(f"d={a.headdim} {a.dtype} causal={a.causal} gqa={a.gqa}: torch {t_torch:.2f} s, cuda {t_cuda:.2f} s, "
           f"flashtile {t_ft:.2f} s, first forward {t_fwd:.2f} s, first backward {t_bwd:.2f} s "
           f"(forward alone {t_fwd - t_ft:.2f} s; kernels first used in process: {cache.total_builds()}, "
-          f"{indexed} of them loaded by structure id)", flush=True)
+          f"{indexed} of them loaded by structure id; TileLang imported: {'tilelang' in sys.modules})", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,25 @@ def lazy_module(name: str) -> Callable[[], ModuleType]:
         return module
 
     return get
+
+
+class LazyAttributes(ModuleType):
+    """Module ``name``'s attributes, the module imported on the first attribute read.
+
+    The kernel helper modules (``kernels/masks.py``, ``softmax.py``, ``operands.py``) hold both
+    TileLang macros and host constants that the launcher reads on every call.  With ``T =
+    LazyAttributes("tilelang.language")`` they import without TileLang, which is then imported
+    by the first kernel build (a trace reads ``T.*``); a process whose kernels all load from
+    the disk cache by structure id (``kernels/cache.py``) never imports it (issue 19, first use:
+    TileLang's import is most of a cold process's first call)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self._module: ModuleType | None = None
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") or attr == "_module":  # copy / pickle / introspection probes
+            raise AttributeError(attr)
+        if self._module is None:
+            self._module = importlib.import_module(self.__name__)
+        return getattr(self._module, attr)

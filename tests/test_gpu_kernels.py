@@ -440,6 +440,61 @@ def test_no_recompile_for_new_batch_seqlen_heads():
     assert slowest[0] < 3.0, f"slowest warm call took {slowest[0]:.2f} s at {slowest[1]} (a hidden recompile?)"
 
 
+_NO_TILELANG_PROBE = """
+import sys, torch, flashtile
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 333, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+dout = torch.randn(2, 333, 4, 64, device="cuda", dtype=torch.bfloat16)
+out = flashtile.flash_attn_func(q, k, v, causal=True)  # eager, default stream
+out.backward(dout)
+grads = [x.grad.clone() for x in (q, k, v)]
+# The same forward captured in a CUDA graph on a side stream, replayed on new inputs: a kernel
+# launched on any stream but the caller's would break the capture or miss the replay.
+qs, ks, vs = (torch.randn_like(x).detach() for x in (q, k, v))
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    flashtile.flash_attn_func(qs, ks, vs, causal=True)  # warm-up on the capturing stream
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        graphed = flashtile.flash_attn_func(qs, ks, vs, causal=True)
+torch.cuda.current_stream().wait_stream(side)
+for x, y in zip((qs, ks, vs), (q, k, v)):
+    x.copy_(y.detach())
+graph.replay()
+torch.cuda.synchronize()
+print("tilelang imported:", "tilelang" in sys.modules)
+torch.save({"out": out.detach().cpu(), "graphed": graphed.cpu(), "grads": [g.cpu() for g in grads]}, sys.argv[1])
+"""
+
+
+def test_kernels_loaded_by_id_run_without_tilelang(tmp_path):
+    """A new process whose kernels are all tagged in the disk cache (this process built or
+    loaded them first) runs a forward and a backward, eagerly and in a CUDA graph captured on
+    a side stream, without importing TileLang (``cache._load_executable``: tvm-ffi and the TVM
+    runtime only), and its results equal this process's bit for bit (out) and within the
+    atomics' reordering (gradients)."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 333, 4, 64, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 333, 4, 64, device="cuda", dtype=BF16)
+    out = flash_attn_func(q, k, v, causal=True)
+    out.backward(dout)  # builds or loads (and tags) every kernel the probe needs
+    torch.cuda.synchronize()
+    saved = tmp_path / "probe.pt"
+    run = subprocess.run([sys.executable, "-c", _NO_TILELANG_PROBE, str(saved)], capture_output=True, text=True)
+    assert run.returncode == 0, f"probe failed:\n{run.stderr[-3000:]}"
+    assert "tilelang imported: False" in run.stdout, f"TileLang was imported: {run.stdout!r}"
+    got = torch.load(saved)
+    assert torch.equal(got["out"], out.detach().cpu()), "eager out differs from this process's"
+    assert torch.equal(got["graphed"], out.detach().cpu()), "graph-replayed out differs from the eager one"
+    for name, a, b in zip("qkv", got["grads"], (q.grad, k.grad, v.grad)):
+        err = (a.float() - b.detach().cpu().float()).abs().max().item()
+        assert err <= 1e-2 * max(1.0, b.abs().max().item()), f"d{name} differs by {err}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_full_precision_on_cuda_is_not_implemented(dtype):
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=dtype)

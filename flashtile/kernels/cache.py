@@ -174,16 +174,44 @@ class IndexedKernel:
     executable, arguments in parameter order), with the device source for inspection."""
 
     def __init__(self, entry: Path):
-        from tilelang import tvm
-
         self.entry = entry
-        self.torch_function = tvm.runtime.load_module(str(entry / "executable.so"))
+        self.torch_function = _load_executable(entry / "executable.so")
 
     def __call__(self, *args):
         return self.torch_function(*args)
 
     def get_kernel_source(self) -> str:
         return (self.entry / "device_kernel.cu").read_text()
+
+
+_runtime_loaded = False
+
+
+def _load_executable(path: Path) -> Any:
+    """A compiled kernel's tvm-ffi module, callable with the kernel's arguments.
+
+    Without TileLang imported, only what the executable links against is loaded: tvm-ffi (its
+    calling convention, DLPack and the caller's CUDA stream for torch tensors) and TileLang's
+    TVM runtime library (the CUDA module holding the kernel binary), after torch as TileLang
+    does (``tilelang/__init__.py``: its CUDA libraries first, lazy symbol binding).  TileLang's
+    own import costs a cold process 1-2 s of its first call; a kernel build imports it anyway."""
+    global _runtime_loaded
+    if "tilelang" in sys.modules:
+        from tilelang import tvm
+
+        return tvm.runtime.load_module(str(path))
+    import ctypes
+    import importlib.util
+
+    import torch  # noqa: F401  (its CUDA libraries before the TVM runtime's stubs resolve theirs)
+    import tvm_ffi
+
+    if not _runtime_loaded:
+        spec = importlib.util.find_spec("tilelang")
+        lib = Path(spec.submodule_search_locations[0]) / "lib" / "libtvm_runtime.so"
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL | os.RTLD_LAZY)
+        _runtime_loaded = True
+    return tvm_ffi.load_module(str(path))
 
 
 def _load_indexed(sid: str, what: str) -> Any:

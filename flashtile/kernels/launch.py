@@ -19,9 +19,12 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import cache, configs, debug, operands, seqinfo, target
+from ..lazy import lazy_module
+from . import cache, configs, debug, operands, target
 from .masks import host_window
 from .softmax import LOG2E
+
+_seqinfo = lazy_module("flashtile.kernels.seqinfo")  # packed batches only (it imports TileLang)
 
 
 class Packed(NamedTuple):
@@ -231,7 +234,7 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap, varlen)
     # A packed step's rows past its sequence get P = 0 from the statistics padding only if
     # the padding covers the whole query block (``seqinfo.STAT_PAD``).
-    assert cfg.block_m <= seqinfo.STAT_PAD, f"backward query block {cfg.block_m} > seqinfo.STAT_PAD"
+    assert not varlen or cfg.block_m <= _seqinfo().STAT_PAD, f"backward query block {cfg.block_m} > seqinfo.STAT_PAD"
     extra = {"num_sms": num_sms} if cfg.persistent else {}
     main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static, **extra)
     dq = None
@@ -294,7 +297,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
                                              num_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
     if varlen:  # each sequence's statistics start 16-byte aligned, padding after (seqinfo.stat_start)
-        delta = torch.zeros(1, h, seqinfo.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
+        delta = torch.zeros(1, h, _seqinfo().stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
         lse2 = torch.full_like(delta, float("inf"))  # padding: P = exp2(s - inf) = 0
         prep(lead(out), lead(dout), lead(lse), dlse_arg, delta, lse2, packed.cu_q, packed.lens_q, packed.max_q)
     else:

@@ -11,7 +11,9 @@ and which the backward's statistics padding (LSE2 = +inf, ``seqinfo.stat_start``
 
 from __future__ import annotations
 
-import tilelang.language as T
+from ..lazy import LazyAttributes
+
+T = LazyAttributes("tilelang.language")  # imported by the first kernel build, not by the launcher (``lazy``)
 
 # Larger than any sequence offset we index, small enough that i + off + UNBOUNDED stays in int32.
 UNBOUNDED = 1 << 30

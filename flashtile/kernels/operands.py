@@ -29,8 +29,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import tilelang.language as T
 import torch
+
+from ..lazy import LazyAttributes
+
+T = LazyAttributes("tilelang.language")  # imported by the first kernel build, not by the launcher (``lazy``)
 
 FP8 = "float8_e4m3fn"
 P_OFFSET = 8.0  # FP8: P = exp2(score - row max + 8), at most 256 (e4m3 max 448)

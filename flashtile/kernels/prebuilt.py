@@ -20,6 +20,8 @@ Build it (nvcc, no GPU needed; a wheel build runs this before packaging):
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -33,10 +35,20 @@ COMMON = ([(64, 64), (128, 128), (256, 256)], ["bfloat16", "float16"], ["plain"]
 _installed = False
 
 
+@functools.cache
 def _tilelang_version() -> str:
-    import tilelang
+    """TileLang's release (its cache's directory name), from the installed distribution's
+    metadata: importing TileLang for it would cost a process that only loads cached kernels
+    most of its first call (``cache.IndexedKernel``)."""
+    tilelang = sys.modules.get("tilelang")
+    if tilelang is not None:
+        return tilelang.__version__.split("+")[0]
+    try:
+        return importlib.metadata.version("tilelang").split("+")[0]
+    except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path: ask it
+        import tilelang
 
-    return tilelang.__version__.split("+")[0]
+        return tilelang.__version__.split("+")[0]
 
 
 def _platform() -> str:
@@ -48,10 +60,12 @@ def bundle_path() -> Path:
 
 
 def cache_root() -> Path:
-    """TileLang's versioned cache directory (``$TILELANG_CACHE_DIR/<version>``)."""
-    from tilelang import env
-
-    return Path(env.TILELANG_CACHE_DIR) / _tilelang_version()
+    """TileLang's versioned cache directory (``$TILELANG_CACHE_DIR/<version>``; TileLang's
+    default ``~/.tilelang/cache``), found without importing TileLang."""
+    tilelang = sys.modules.get("tilelang")
+    base = tilelang.env.TILELANG_CACHE_DIR if tilelang is not None else (
+        os.environ.get("TILELANG_CACHE_DIR") or os.path.expanduser("~/.tilelang/cache"))
+    return Path(base) / _tilelang_version()
 
 
 def install() -> int:

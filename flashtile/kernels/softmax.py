@@ -7,13 +7,13 @@ softcap and log2(e)) so the exponentials are ``exp2``.  Running statistics per q
 what the output accumulator holds whenever ``m`` grows.
 """
 
-import tilelang.language as T
-
+from ..lazy import LazyAttributes
 from .masks import block_fully_visible, visible
+
+T = LazyAttributes("tilelang.language")  # imported by the first kernel build, not by the launcher (``lazy``)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-NEG_INF = -T.infinity(T.float32)
 
 
 # The scalar rules of the online softmax, one row at a time: the macros below apply them to
@@ -23,7 +23,7 @@ NEG_INF = -T.infinity(T.float32)
 def scaled_max(m, score_scale):
     """The exp2 reference of a row whose raw max is ``m``: ``m * score_scale``, or 0 for a row
     that saw no visible key yet (m = -inf), so exp2 sees -inf - 0, not -inf - -inf."""
-    return T.if_then_else(m == NEG_INF, 0, m * score_scale)
+    return T.if_then_else(m == -T.infinity(T.float32), 0, m * score_scale)
 
 
 def rescale_factor(m_prev, m, m_safe, score_scale):
@@ -39,7 +39,7 @@ def rescale_factor(m_prev, m, m_safe, score_scale):
 def natural_lse(l, top):
     """Natural-log log-sum-exp of a row whose exp2 weights, relative to ``top`` (log2 units),
     sum to ``l``; -inf for a row with no weight."""
-    return T.if_then_else(l > 0, (T.log2(l) + top) * LN2, NEG_INF)
+    return T.if_then_else(l > 0, (T.log2(l) + top) * LN2, -T.infinity(T.float32))
 
 def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
     """Register fragments of one query tile, in the order the macros below name them:

@@ -8,17 +8,30 @@ from __future__ import annotations
 
 import functools
 
-import tilelang
-
 from .configs import ARCH
 
 TARGET = {"kind": "cuda", "arch": ARCH}
-PASS_CONFIGS = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
-# Every shared-memory hand-over in the hand-written kernels is ordered by an mbarrier or by a
-# named consumer barrier.  TileLang's sync insertion is switched off for them: it adds
-# conservative consumer-wide barriers (three per step in the dK/dV kernel), and inside a
-# persistent tile loop it cannot place them at all ("divergent region" error).
-WS_PASS_CONFIGS = {**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
+
+
+@functools.cache
+def _pass_configs() -> dict:
+    import tilelang
+
+    fast_math = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
+    # Every shared-memory hand-over in the hand-written kernels is ordered by an mbarrier or by a
+    # named consumer barrier.  TileLang's sync insertion is switched off for them: it adds
+    # conservative consumer-wide barriers (three per step in the dK/dV kernel), and inside a
+    # persistent tile loop it cannot place them at all ("divergent region" error).
+    return {"PASS_CONFIGS": fast_math,
+            "WS_PASS_CONFIGS": {**fast_math, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}}
+
+
+def __getattr__(name: str):
+    """``PASS_CONFIGS`` / ``WS_PASS_CONFIGS``, made on the first read: their keys are TileLang's,
+    and the launcher imports this module (``sm_count``) without importing TileLang."""
+    if name in ("PASS_CONFIGS", "WS_PASS_CONFIGS"):
+        return _pass_configs()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.cache
