@@ -40,9 +40,10 @@ class FwdConfig:
     pingpong: bool = False  # hand-written only: consumer warpgroups take turns issuing GEMMs
     tiles_per_cta: int = 1  # hand-written only: 1 one tile, 2 a pair of tiles, 0 persistent pairs
     skip_rescale: bool = False  # hand-written only: O *= alpha only in warps where a row's max moved (fwd_ws.rescaler)
+    defer_sum: bool = False  # hand-written only: per-thread partial row sums, one all-reduce per tile (softmax.online_softmax)
 
     def as_kwargs(self) -> dict:
-        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale")
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale", "defer_sum")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property
@@ -107,7 +108,7 @@ def _env_fwd_flags(text: str) -> dict:
     developer switch that runs the GPU suite, precompile and benchmarks with a candidate flag
     on every hand-written forward row (its worker processes inherit it).  While it is set the
     launcher does not memoise its kernel choice (``launch._memoised``: overrides may change)."""
-    fields = {"pingpong", "skip_rescale"}
+    fields = {"pingpong", "skip_rescale", "defer_sum"}
     flags = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")

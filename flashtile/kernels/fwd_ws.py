@@ -43,7 +43,7 @@ from .masks import TileMask, pipelined_trips, query_tile
 from .operands import Operands, tile_scales
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import tile_pair
-from .softmax import online_softmax, tile_fragments
+from .softmax import online_softmax, row_parts_layout, row_weights, tile_fragments
 from .target import PASS_CONFIGS, TARGET, WS_PASS_CONFIGS
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 query rows
@@ -123,12 +123,14 @@ def fwd_ws_prim_func(
     num_sms: int = 132,
     out_dtype: str = None,
     skip_rescale: bool = False,
+    defer_sum: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
     1 = one query tile per CTA, 2 = one pair of tiles, 0 = persistent (``num_sms`` CTAs, one
     per SM of the device, walk all pairs).  ``skip_rescale``: a warp whose rows all kept their max
-    skips ``O *= alpha`` (``rescaler``).  Packed (``varlen``) batches take the one-tile
+    skips ``O *= alpha`` (``rescaler``).  ``defer_sum``: ``online_softmax``'s (per-thread partial
+    row sums, one all-reduce per tile).  Packed (``varlen``) batches take the one-tile
     schedule: the pairs mirror blocks of one row, which needs every row's block count."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
@@ -136,7 +138,7 @@ def fwd_ws_prim_func(
     ops = Operands(dtype, out_dtype)
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum)
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)
@@ -200,7 +202,9 @@ def fwd_ws_prim_func(
             v_s = T.alloc_shared(v_ring, dtype)
             # Q is dead after the last S GEMM: its tile holds the output when shapes agree.
             o_s = q_s if dim_v == dim and not ops.fp8 else T.alloc_shared([block_m, dim_v], ops.out_dtype)
-            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
+            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype, defer_sum)
+            if defer_sum:
+                T.annotate_layout({l: row_parts_layout(block_m)})
             bar_q = T.alloc_barrier(arrive_count=total)
             k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
 
@@ -265,9 +269,11 @@ def fwd_ws_prim_func(
             k_s = T.alloc_shared([2, block_n, dim], dtype)
             v_s = T.alloc_shared(v_ring, dtype)
             o_s = T.alloc_shared([block_m, dim_v], ops.out_dtype)
-            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype)
+            s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype, defer_sum)
             m_last = T.alloc_fragment([block_m], acc)
-            l_last = T.alloc_fragment([block_m], acc)
+            l_last = row_weights(block_m, defer_sum)
+            if defer_sum:
+                T.annotate_layout({l: row_parts_layout(block_m), l_last: row_parts_layout(block_m)})
 
             q_full = T.alloc_barrier(arrive_count=[128, 128])
             q_empty = T.alloc_barrier(arrive_count=[threads, threads])

@@ -41,21 +41,53 @@ def natural_lse(l, top):
     sum to ``l``; -inf for a row with no weight."""
     return T.if_then_else(l > 0, (T.log2(l) + top) * LN2, -T.infinity(T.float32))
 
-def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str):
+# Columns of ``l`` when a thread keeps its own part of each row's sum (``online_softmax``'s
+# ``defer_sum``): the WGMMA accumulator's column pattern repeats every 8 columns, and a thread
+# holds 2 of each 8 (for each of its 2 rows of a warp's 16).
+ROW_PARTS = 8
+
+
+def row_weights(block_m: int, defer_sum: bool = False):
+    """The fragment of the rows' weight sums ``l``: one per row, or with ``defer_sum`` a
+    ``[block_m, ROW_PARTS]`` fragment of per-thread partial sums (``row_parts_layout``)."""
+    return T.alloc_fragment([block_m, ROW_PARTS] if defer_sum else [block_m], T.float32)
+
+
+def row_parts_layout(block_m: int):
+    """``l``'s layout with ``defer_sum``: part (r, c) sits on the thread whose scores of row r
+    are the columns c, c + 8, c + 16, ... of the WGMMA accumulator (warp r // 16 of the
+    consumer warpgroups, lane (r % 8) * 4 + c // 2), so summing them needs no shuffle."""
+    from tilelang import layout
+
+    return layout.Fragment([block_m, ROW_PARTS], forward_thread_fn=lambda r, c: (r // 16) * 32 + (r % 8) * 4 + c // 2,
+                           forward_index_fn=lambda r, c: (r % 16) // 8 * 2 + c % 2)
+
+
+def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str, defer_sum: bool = False):
     """Register fragments of one query tile, in the order the macros below name them:
     scores s (fp32), P (``dtype``), the output accumulator o, then the row statistics m,
-    m_prev, m_safe, alpha, row_sum, l, lse (fp32)."""
+    m_prev, m_safe, alpha, row_sum, l (``row_weights``), lse (fp32).  With ``defer_sum`` the
+    caller annotates ``l``'s layout (``row_parts_layout``)."""
     acc = T.float32
     return (
         T.alloc_fragment([block_m, block_n], acc),
         T.alloc_fragment([block_m, block_n], dtype),
         T.alloc_fragment([block_m, dim_v], acc),
-        *(T.alloc_fragment([block_m], acc) for _ in range(7)),
+        *(T.alloc_fragment([block_m], acc) for _ in range(5)),
+        row_weights(block_m, defer_sum),
+        T.alloc_fragment([block_m], acc),
     )
 
 
-def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0):
+
+def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0,
+                   defer_sum: bool = False):
     """(update, finish) macros for one tile shape.
+
+    ``defer_sum``: ``l`` holds each thread's partial sums of its rows (``row_weights``), so a
+    block adds its weights without the two shuffles per row that a row's all-reduce costs; one
+    all-reduce per tile in ``finish`` (WGMMA accumulator layouts only: the hand-written
+    forward).  The sums then run in another order: ``l`` may differ in the last bits.
 
     ``p_offset``: the weights are ``exp2(score - row max + p_offset)`` (FP8 P: 8, so they use
     e4m3's range up to 256, ``operands``); ``l`` carries the same factor, and ``finish`` takes it
@@ -73,6 +105,7 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
     log-sum-exp into ``lse`` (-inf for a row that saw no key and has no sink); ``out_scale``
     (FP8: v_descale) multiplies the output.
     """
+    assert not defer_sum or block_n % ROW_PARTS == 0, f"defer_sum: {block_n} keys per block is not a multiple of {ROW_PARTS}"
     acc = T.float32
     neg_inf = -T.infinity(acc)
     shifted = p_offset != 0.0
@@ -94,13 +127,24 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
                 m_safe[i] = m_safe[i] - p_offset
         for i, j in T.Parallel(block_m, block_n):
             s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
-        T.reduce_sum(s, row_sum, dim=1)
-        for i in T.Parallel(block_m):
-            l[i] = l[i] * alpha[i] + row_sum[i]
+        if defer_sum:
+            # One index pattern per fragment in a T.Parallel loop (TileLang): the columns by a
+            # loop, not as one expression over c, c + 8, ...
+            for i, c in T.Parallel(block_m, ROW_PARTS):
+                l[i, c] = l[i, c] * alpha[i]
+                for k in T.unroll(block_n // ROW_PARTS):
+                    l[i, c] = l[i, c] + s[i, c + ROW_PARTS * k]
+        else:
+            T.reduce_sum(s, row_sum, dim=1)
+            for i in T.Parallel(block_m):
+                l[i] = l[i] * alpha[i] + row_sum[i]
 
     @T.macro
     def finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale, out_scale=None):
         # alpha becomes the output scale, lse the log-sum-exp.
+        if defer_sum:  # the rows' totals, held in lse until it is written from them
+            T.reduce_sum(l, lse, dim=1)
+            l = lse
         for i in T.Parallel(block_m):
             m_safe[i] = T.if_then_else(m[i] == neg_inf, neg_inf, m[i] * score_scale)
             # l is relative to top; the output scale is num / l.  A row with l = 0 (no key and
