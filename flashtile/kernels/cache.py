@@ -122,13 +122,21 @@ class BuilderRef:
         return f"BuilderRef({self.name!r})"
 
 
+# Modules of this package that run on the host only: what they do reaches a kernel only through
+# a builder's name and static arguments, which the structure id holds, so editing them keeps
+# every id (and the carried or shipped kernels) valid.
+HOST_ONLY_SOURCES = frozenset({"__init__.py", "cache.py", "debug.py", "launch.py", "precompile.py", "prebuilt.py"})
+
+
 @lru_cache(maxsize=1)
 def _sources_digest() -> str:
-    """sha256 over this package's kernel sources (builders, macros, tile tables): part of every
-    structure id, so an edited kernel never loads an entry built from the old source."""
+    """sha256 over this package's kernel sources (builders, macros, tile tables; not
+    ``HOST_ONLY_SOURCES``): part of every structure id, so an edited kernel never loads an
+    entry built from the old source."""
     h = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+        if path.name not in HOST_ONLY_SOURCES:
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 
@@ -187,30 +195,49 @@ class IndexedKernel:
 _runtime_loaded = False
 
 
-def _load_executable(path: Path) -> Any:
-    """A compiled kernel's tvm-ffi module, callable with the kernel's arguments.
-
-    Without TileLang imported, only what the executable links against is loaded: tvm-ffi (its
-    calling convention, DLPack and the caller's CUDA stream for torch tensors) and TileLang's
-    TVM runtime library (the CUDA module holding the kernel binary), after torch as TileLang
-    does (``tilelang/__init__.py``: its CUDA libraries first, lazy symbol binding).  TileLang's
-    own import costs a cold process 1-2 s of its first call; a kernel build imports it anyway."""
+def _load_runtime_libraries() -> bool:
+    """Load what TileLang's executables call into without importing TileLang: its TVM runtime
+    (the CUDA module holding a kernel's binary) and ``libtilelang.so`` (registers
+    ``__tvm_tensormap_create_tiled``, which builds the TMA descriptors at every launch), global
+    and lazily bound as TileLang's ``__init__`` loads them, after torch (its CUDA libraries
+    first) and Z3 (``libtilelang.so``'s dependency, from its package as TileLang does).  False
+    when a library or the registration is missing: the caller imports TileLang instead."""
     global _runtime_loaded
-    if "tilelang" in sys.modules:
-        from tilelang import tvm
-
-        return tvm.runtime.load_module(str(path))
+    if _runtime_loaded:
+        return True
     import ctypes
     import importlib.util
 
-    import torch  # noqa: F401  (its CUDA libraries before the TVM runtime's stubs resolve theirs)
+    import torch  # noqa: F401
     import tvm_ffi
 
-    if not _runtime_loaded:
-        spec = importlib.util.find_spec("tilelang")
-        lib = Path(spec.submodule_search_locations[0]) / "lib" / "libtvm_runtime.so"
-        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL | os.RTLD_LAZY)
-        _runtime_loaded = True
+    try:
+        z3 = importlib.util.find_spec("z3")
+        for lib in sorted(Path(next(iter(z3.submodule_search_locations))).glob("lib/libz3.so*"))[:1] if z3 else []:
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        libs = Path(importlib.util.find_spec("tilelang").submodule_search_locations[0]) / "lib"
+        for name in ("libtvm_runtime.so", "libtilelang.so"):
+            ctypes.CDLL(str(libs / name), mode=ctypes.RTLD_GLOBAL | os.RTLD_LAZY)
+    except (OSError, AttributeError, TypeError, StopIteration) as e:
+        log.info("flashtile: TileLang's runtime libraries did not load alone (%s); importing TileLang", e)
+        return False
+    _runtime_loaded = tvm_ffi.get_global_func("__tvm_tensormap_create_tiled", allow_missing=True) is not None
+    return _runtime_loaded
+
+
+def _load_executable(path: Path) -> Any:
+    """A compiled kernel's tvm-ffi module, callable with the kernel's arguments.
+
+    Without TileLang imported, only what the executable needs is loaded (tvm-ffi: the calling
+    convention, DLPack and the caller's CUDA stream for torch tensors; ``_load_runtime_libraries``):
+    TileLang's own import costs a cold process 1-2 s of its first call, and a kernel build
+    imports it anyway."""
+    if "tilelang" in sys.modules or not _load_runtime_libraries():
+        from tilelang import tvm
+
+        return tvm.runtime.load_module(str(path))
+    import tvm_ffi
+
     return tvm_ffi.load_module(str(path))
 
 
