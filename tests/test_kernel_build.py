@@ -5,6 +5,7 @@ Beyond "it compiles" the generated CUDA must use the Hopper paths the design rel
 WGMMA for every GEMM (no ``mma.sync`` fallback), TMA loads, and warp specialisation.
 """
 
+import re
 import shutil
 
 import pytest
@@ -38,6 +39,12 @@ def test_forward_builds(dim, dim_v, dtype):
     # says so, and only there.
     skip = configs.fwd_config(dim, dim_v, dt, "full").skip_rescale
     assert ("__any_sync" in src) == skip, f"fwd d={dim}/{dim_v} {dt}: configs says skip_rescale={skip}, the kernel disagrees"
+    # Per-thread partial row sums (``softmax.online_softmax``'s defer_sum): each block scales a
+    # thread's parts by its rows' alpha (two parts a row: alpha[part >> 1]) instead of adding
+    # an all-reduced row sum.
+    defer = configs.fwd_config(dim, dim_v, dt, "full").defer_sum
+    parts = re.search(r"\bl\w*\[(\w+)\] = \(l\w*\[\1\] \* alpha\[\(\1 >> 1\)\]\);", src)
+    assert bool(parts) == defer, f"fwd d={dim}/{dim_v} {dt}: configs says defer_sum={defer}, the kernel disagrees"
 
 
 @pytest.mark.parametrize("dim,dim_v,dtype", STRUCTURES, ids=lambda x: str(x))

@@ -215,8 +215,8 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
     if varlen:
         return replace(fwd_config(dim, dim_v, dtype, kind), tiles_per_cta=1)
     widest = max(dim, dim_v)
-    if short and widest <= 64:
-        return fwd_config(128, 128, dtype, kind)  # the persistent 128-row pairs (``short_forward``)
+    if short and widest <= 64:  # the persistent 128-row pairs (``short_forward``), partial row sums
+        return replace(fwd_config(128, 128, dtype, kind), defer_sum=True)
     if short:  # d = 256 (``short_forward``): the long row's schedule (its rescale skip too) with 64-key blocks
         return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
     if widest <= 64:
@@ -225,7 +225,13 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
         # 4k 1.24 ms against 1.31 for the auto-pipelined 192x128 and 1.28 without pingpong,
         # 16k -4%, GQA 4:1 4k -5% (causal -4%); 128 rows is 7-15% slower except at 1k causal.
         # One tile per CTA: the persistent walk spills here (160 registers a thread), 6-10% slower.
-        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
+        # Per-thread partial row sums (``defer_sum``: no row all-reduce per block), H200
+        # (h200-2026-11-28i/c, ms, two rounds): 4k full 1.259-1.270 -> 1.213-1.240, causal
+        # 0.698-0.709 -> 0.683-0.699; the short row's 128-row pairs at 1k full 0.395 -> 0.384-0.386,
+        # causal 0.262-0.263 -> 0.258-0.259.  At d = 128 (1k +1 to +3%) and in the FP8 d = 128
+        # rows (+1 to +3%) they were slower, so only here.
+        return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True,
+                         defer_sum=True)
     if widest <= 128:
         # Hand-written (softmax overlapped with the GEMMs), pingpong turns, persistent: one CTA
         # per SM walks pairs of query tiles, each tile's last P V and epilogue under the next
