@@ -41,6 +41,7 @@ def natural_lse(l, top):
     sum to ``l``; -inf for a row with no weight."""
     return T.if_then_else(l > 0, (T.log2(l) + top) * LN2, -T.infinity(T.float32))
 
+
 # Columns of ``l`` when a thread keeps its own part of each row's sum (``online_softmax``'s
 # ``defer_sum``): the WGMMA accumulator's column pattern repeats every 8 columns, and a thread
 # holds 2 of each 8 (for each of its 2 rows of a warp's 16).
@@ -77,7 +78,6 @@ def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str, defer_sum
         row_weights(block_m, defer_sum),
         T.alloc_fragment([block_m], acc),
     )
-
 
 
 def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0,
