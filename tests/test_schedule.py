@@ -156,14 +156,15 @@ def test_packed_statistics_padding_covers_every_query_block(lens):
 def test_short_forwards_take_their_own_tiles(d, dv, sq, sk, short):
     """``configs.short_forward``: d = 64 with both lengths <= 1024 and d = 256 with both <= 512
     run a second compiled kernel, which precompile builds beside the long one: d = 64 the d=128 row's
-    persistent 128-row pairs (with d = 64's per-thread partial row sums), d = 256 64-key blocks
-    instead of 80."""
+    persistent 128-row pairs (with d = 64's per-thread partial row sums, and no pingpong turns for
+    full attention), d = 256 64-key blocks instead of 80."""
     from flashtile.kernels import precompile
 
     assert configs.short_forward(d, dv, sq, sk) is short
     for kind in configs.MASK_KINDS:
         cfg = configs.fwd_config(64, 64, "bfloat16", kind, short=True)
-        assert cfg == dataclasses.replace(configs.fwd_config(128, 128, "bfloat16", kind), defer_sum=True), cfg
+        pairs = configs.fwd_config(128, 128, "bfloat16", kind)
+        assert cfg == dataclasses.replace(pairs, defer_sum=True, pingpong=kind != "full"), cfg
         assert cfg.tiles_per_cta == 0 and not configs.fwd_config(128, 128, "bfloat16", kind).defer_sum, cfg
         long_64 = configs.fwd_config(64, 64, "bfloat16", kind)
         assert long_64.block_m == 192 and long_64.defer_sum, long_64
