@@ -213,12 +213,13 @@ def _load_runtime_libraries() -> bool:
 
     try:
         z3 = importlib.util.find_spec("z3")
-        for lib in sorted(Path(next(iter(z3.submodule_search_locations))).glob("lib/libz3.so*"))[:1] if z3 else []:
-            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        z3_libs = sorted(Path(z3.submodule_search_locations[0]).glob("lib/libz3.so*")) if z3 else []
+        if z3_libs:
+            ctypes.CDLL(str(z3_libs[0]), mode=ctypes.RTLD_GLOBAL)
         libs = Path(importlib.util.find_spec("tilelang").submodule_search_locations[0]) / "lib"
         for name in ("libtvm_runtime.so", "libtilelang.so"):
             ctypes.CDLL(str(libs / name), mode=ctypes.RTLD_GLOBAL | os.RTLD_LAZY)
-    except (OSError, AttributeError, TypeError, StopIteration) as e:
+    except (OSError, AttributeError, TypeError, IndexError) as e:
         log.info("flashtile: TileLang's runtime libraries did not load alone (%s); importing TileLang", e)
         return False
     _runtime_loaded = tvm_ffi.get_global_func("__tvm_tensormap_create_tiled", allow_missing=True) is not None

@@ -209,17 +209,18 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
 
 
 def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, short: bool) -> FwdConfig:
-    """``fwd_config``'s table."""
+    """``fwd_config``'s table (rows derived from other rows read the table itself, so the tuning
+    hook's flags are set once, by ``fwd_config``)."""
     if dtype in (FP8_DTYPE, "float8_e4m3fn"):
         return fp8_fwd_config(dim, dim_v, varlen, short)
     if varlen:
-        return replace(fwd_config(dim, dim_v, dtype, kind), tiles_per_cta=1)
+        return replace(_fwd_row(dim, dim_v, dtype, kind, False, False), tiles_per_cta=1)
     widest = max(dim, dim_v)
     if short and widest <= 64:
         # The persistent 128-row pairs (``short_forward``) with partial row sums; without
         # pingpong turns for full attention.  H200 (h200-2026-11-28i/c, 1k, ms, two rounds,
         # turns / none): full 0.384-0.386 / 0.371, causal 0.258-0.259 / 0.271-0.272.
-        return replace(fwd_config(128, 128, dtype, kind), defer_sum=True, pingpong=kind != "full")
+        return replace(_fwd_row(128, 128, dtype, kind, False, False), defer_sum=True, pingpong=kind != "full")
     if short:  # d = 256 (``short_forward``): the long row's schedule (its rescale skip too) with 64-key blocks
         return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
     if widest <= 64:

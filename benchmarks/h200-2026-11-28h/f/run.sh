@@ -4,12 +4,7 @@
 # tagged).  Needs `carry: [".carry", "flashtile/kernels/prebuilt"]`.  $1 = out.
 set -u
 o=$1; mkdir -p "$o"
-for args in "--headdim 128 --dtype bfloat16 --causal" "--headdim 64 --dtype float16 --gqa 4" "--headdim 256 --dtype bfloat16"; do
-  d=$(mktemp -d)
-  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1   # cold: the shipped bundle only
-  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1   # the next process
-done
-grep "first forward" "$o/first_use.txt"
+bash benchmarks/first_use.sh "$o"
 timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py tests/test_degenerate.py > "$o/gpu_tests.txt" 2>&1
 tail -1 "$o/gpu_tests.txt"
 python3 -c "

@@ -10,12 +10,7 @@
 #    1k and FP8 d = 128 also without pingpong turns (6th field 0: both softmax-bound).
 set -u
 o=$1; mkdir -p "$o"
-for args in "--headdim 128 --dtype bfloat16 --causal" "--headdim 64 --dtype float16 --gqa 4" "--headdim 256 --dtype bfloat16"; do
-  d=$(mktemp -d)
-  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1
-  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1
-done
-grep "first forward" "$o/first_use.txt"
+bash benchmarks/first_use.sh "$o"
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5 tests/test_gpu_kernels.py tests/test_gpu_fp8.py \
   tests/test_degenerate.py > "$o/gpu_tests.txt" 2>&1
 tail -1 "$o/gpu_tests.txt"

@@ -7,12 +7,7 @@
 #    included).  3. tune.py A/B of defer_sum (9th field) and pingpong (6th) at d = 64 and d = 128.
 set -u
 o=$1; mkdir -p "$o"
-for args in "--headdim 128 --dtype bfloat16 --causal" "--headdim 64 --dtype float16 --gqa 4" "--headdim 256 --dtype bfloat16"; do
-  d=$(mktemp -d)
-  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1
-  TILELANG_CACHE_DIR=$d timeout 60 python3 benchmarks/first_use.py $args >> "$o/first_use.txt" 2>&1
-done
-grep "first forward" "$o/first_use.txt" || tail -5 "$o/first_use.txt"
+bash benchmarks/first_use.sh "$o"
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=5 tests/test_gpu_kernels.py tests/test_gpu_fp8.py \
   tests/test_degenerate.py > "$o/gpu_tests.txt" 2>&1
 tail -1 "$o/gpu_tests.txt"
