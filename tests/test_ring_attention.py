@@ -379,3 +379,31 @@ def test_varlen_shard_round_trip_and_refusals():
         ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 12], dtype=torch.int32), 12, window_size=(4, 0))
     with pytest.raises(ValueError, match="even local"):
         ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 5, 12], dtype=torch.int32), 7)
+
+
+def test_bench_extrapolates_t1_beyond_single_max(tmp_path):
+    """--single-max: longer lengths take T1 from the longest measured run scaled by the FLOP
+    ratio (marked in JSON and markdown); --t1-from reuses an earlier report's T1 runs."""
+    from flashtile.distributed import bench
+    from flashtile.flops import attention_flops
+
+    base = ["--device", "cpu", "--heads", "2", "--headdim", "8", "--dtype", "fp32", "--warmup", "0", "--iters", "1",
+            "--check-seqlen", "0", "--no-baseline"]
+    first = tmp_path / "a"
+    assert bench.main(base + ["--seqlens", "32,64", "--single-max", "32", "--out", str(first)]) == 0
+    rep = json.loads((first / "cp.json").read_text())
+    short, long = rep["results"]
+    assert "t1_extrapolated_from" not in short["single_flashtile"]
+    t1 = long["single_flashtile"]
+    assert t1["t1_extrapolated_from"] == 32, t1
+    ratio = attention_flops(1, 2, 64, 64, 8, 8, causal=True, mode="fwdbwd") / attention_flops(1, 2, 32, 32, 8, 8, causal=True, mode="fwdbwd")
+    assert t1["fwdbwd_ms"] == pytest.approx(short["single_flashtile"]["fwdbwd_ms"] * ratio)
+    assert long["ring"]["scaling_efficiency"] == pytest.approx(t1["fwdbwd_ms"] / long["ring"]["fwdbwd_ms"])
+    assert "~ T1 extrapolated" in (first / "cp.md").read_text()
+    second = tmp_path / "b"
+    assert bench.main(base + ["--seqlens", "128", "--single-max", "0", "--t1-from", str(first / "cp.json"), "--out", str(second)]) == 0
+    t1b = json.loads((second / "cp.json").read_text())["results"][0]["single_flashtile"]
+    assert t1b["t1_extrapolated_from"] == 32, "extrapolates from measured runs only, never from an extrapolated one"
+    with pytest.raises(SystemExit, match="differs"):
+        bench.main(base + ["--headdim", "16", "--seqlens", "128", "--single-max", "0", "--t1-from", str(first / "cp.json"),
+                           "--out", str(tmp_path / "c")])

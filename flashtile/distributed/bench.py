@@ -9,7 +9,10 @@ For every total sequence length (split over the ranks, zigzag layout), causal, b
 - torch CP: "torch.distributed.tensor.experimental.context_parallel" over cuDNN SDPA (its
   head-tail load balancer, the same chunks as zigzag; rotate method from "--rotate"), or the
   reason it could not run;
-- T1: single-GPU flashtile (and cuDNN SDPA) on the full sequence, when it fits;
+- T1: single-GPU flashtile (and cuDNN SDPA) on the full sequence, when it fits; above
+  "--single-max" (or for lengths "--t1-from"'s earlier report lacks), T1 is extrapolated from
+  the longest measured length by the FLOP ratio and marked so ("t1_extrapolated_from"): a
+  1M-token causal step takes about a minute on one H200;
 - scaling efficiency "T1 / (N * TN)" per implementation.
 Timing: fresh random inputs; warm-up steps, then every step timed alone between a barrier and
 "torch.cuda.synchronize" with CUDA events ("time.perf_counter" on CPU); a step's time is the
@@ -68,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-seqlen", type=_size, default=None, help="numerics check length (default: smallest of --seqlens; 0: off)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip torch context_parallel")
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the single-GPU T1 runs")
+    p.add_argument("--single-max", type=_size, default=None,
+                   help="measure T1 only up to this total length; longer ones extrapolate it (FLOP ratio)")
+    p.add_argument("--t1-from", default=None, help="an earlier cp.json (same config) whose T1 runs extrapolation may use")
     p.add_argument("--profile", action="store_true", help="save one ring step per rank as a chrome trace")
     p.add_argument("--out", default="cp-results", help="directory for cp.json / cp.md (/ traces)")
 
@@ -264,7 +270,22 @@ def _measure(name, make, dev, args, rank, record) -> None:
     _agree(True, dev)
 
 
-def _bench_seqlen(args, seqlen: int, rank: int, world: int, dev: torch.device, dtype: torch.dtype) -> dict:
+def _extrapolate(args, name: str, seqlen: int, measured: list[dict]) -> dict:
+    """T1 of ``name`` at ``seqlen`` from the longest measured length, scaled by the FLOP ratio.
+
+    At these lengths the kernels run at a flat rate (H200 T1, 64k-256k causal d=128: 533-539
+    TFLOP/s), so the ratio of FLOPs is the ratio of times."""
+    runs = [r for r in measured if r.get(name, {}).get("status") == "ok" and "t1_extrapolated_from" not in r[name]]
+    if not runs:
+        return {"status": "not measured (no shorter T1 run to extrapolate from)"}
+    base = max(runs, key=lambda r: r["seqlen"])
+    out = {"status": "ok", "t1_extrapolated_from": base["seqlen"]}
+    for mode in ("fwd", "fwdbwd"):
+        out[f"{mode}_ms"] = base[name][f"{mode}_ms"] * _flops(args, seqlen, mode) / _flops(args, base["seqlen"], mode)
+    return out
+
+
+def _bench_seqlen(args, seqlen: int, rank: int, world: int, dev: torch.device, dtype: torch.dtype, measured: list[dict]) -> dict:
     from .zigzag import shard
 
     rec: dict = {"seqlen": seqlen, "seqlen_local": seqlen // world}
@@ -293,7 +314,10 @@ def _bench_seqlen(args, seqlen: int, rank: int, world: int, dev: torch.device, d
         except Exception as exc:  # noqa: BLE001 - unavailable: say why
             rec["torch_cp"] = {"status": f"unavailable: {_reason(exc)}"}
         _agree(True, dev)
-    if args.single:
+    if args.single and args.single_max is not None and seqlen > args.single_max:
+        for name in ("single_flashtile", "single_cudnn"):
+            rec[name] = _extrapolate(args, name, seqlen, measured)
+    elif args.single:
         for name, backend in (("single_flashtile", "flashtile"), ("single_cudnn", "cudnn")):
             if backend == "cudnn" and dev.type != "cuda":
                 rec[name] = {"status": "not measured on CPU"}
@@ -313,6 +337,7 @@ def _bench_seqlen(args, seqlen: int, rank: int, world: int, dev: torch.device, d
         a, b = rec.get(impl, {}), rec.get(single, {})
         if a.get("status") == "ok" and b.get("status") == "ok":
             a["scaling_efficiency"] = b["fwdbwd_ms"] / (world * a["fwdbwd_ms"])
+            a["fwd_scaling_efficiency"] = b["fwd_ms"] / (world * a["fwd_ms"])
     r, t = rec.get("ring", {}), rec.get("torch_cp", {})
     if r.get("status") == "ok" and t.get("status") == "ok":
         rec["ring_speedup_vs_torch_cp"] = t["fwdbwd_ms"] / r["fwdbwd_ms"]
@@ -368,7 +393,8 @@ def _fmt(r: dict, key: str, spec: str = ".2f") -> str:
         return "-"
     if r.get("status") != "ok":
         return _short_status(r)
-    return format(r[key], spec) if key in r else "-"
+    mark = "~" if "t1_extrapolated_from" in r else ""
+    return mark + format(r[key], spec) if key in r else "-"
 
 
 def _markdown(report: dict) -> str:
@@ -391,7 +417,8 @@ def _markdown(report: dict) -> str:
             if r.get("status") != "ok":
                 return _short_status(r)
             tf = r["fwdbwd_tflops_per_gpu"]
-            return f"{r['fwdbwd_ms']:.2f} ({tf:.0f})" if tf >= 10 else f"{r['fwdbwd_ms']:.2f} ({tf:.2g})"
+            mark = "~" if "t1_extrapolated_from" in r else ""
+            return f"{mark}{r['fwdbwd_ms']:.2f} ({tf:.0f})" if tf >= 10 else f"{mark}{r['fwdbwd_ms']:.2f} ({tf:.2g})"
 
         sp = rec.get("ring_speedup_vs_torch_cp")
         lines.append(
@@ -399,11 +426,19 @@ def _markdown(report: dict) -> str:
             f"{cell('single_flashtile')} | {cell('single_cudnn')} | {_fmt(rec.get('ring', {}), 'scaling_efficiency')} | "
             f"{_fmt(rec.get('torch_cp', {}), 'scaling_efficiency')} |"
         )
-    lines += ["", "Forward only, ms:", "", "| total seqlen | flashtile ring | torch CP (cuDNN) | T1 flashtile | T1 cuDNN |", "| ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["", "Forward only, ms:", "", "| total seqlen | flashtile ring | torch CP (cuDNN) | T1 flashtile | T1 cuDNN | efficiency ring | efficiency torch CP |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for rec in report["results"]:
         lines.append(
-            f"| {rec['seqlen']} | " + " | ".join(_fmt(rec.get(n, {}), "fwd_ms") for n in ("ring", "torch_cp", "single_flashtile", "single_cudnn")) + " |"
+            f"| {rec['seqlen']} | " + " | ".join(_fmt(rec.get(n, {}), "fwd_ms") for n in ("ring", "torch_cp", "single_flashtile", "single_cudnn"))
+            + " | " + " | ".join(_fmt(rec.get(n, {}), "fwd_scaling_efficiency") for n in ("ring", "torch_cp")) + " |"
         )
+    extra = sorted({r["t1_extrapolated_from"] for rec in report["results"] for r in rec.values()
+                    if isinstance(r, dict) and "t1_extrapolated_from" in r})
+    if extra:
+        src = f" (T1 runs of {report['t1_from']})" if report.get("t1_from") else ""
+        lines += ["", f"~ T1 extrapolated by the FLOP ratio from the {', '.join(map(str, extra))}-token run{src}, not measured; "
+                  "the efficiencies on those rows use it."]
     notes = sorted({f"{name}: {r['status']}" for rec in report["results"] for name, r in rec.items()
                     if isinstance(r, dict) and r.get("status") not in (None, "ok")})
     if notes:
@@ -439,10 +474,20 @@ def run(args: argparse.Namespace) -> int:
         "results": [],
     }
     status = 0
+    earlier = []  # T1 runs of an earlier report with this config, for extrapolation
+    if args.t1_from:
+        with open(args.t1_from) as f:
+            prev = json.load(f)
+        same = {k: v for k, v in prev["config"].items() if k not in ("world", "warmup", "iters", "rotate")}
+        mine = {k: v for k, v in report["config"].items() if k in same}
+        if same != mine:
+            raise SystemExit(f"--t1-from {args.t1_from}: config {same} differs from this run's {mine}")
+        earlier = prev["results"]
+        report["t1_from"] = args.t1_from
     for seqlen in args.seqlens:
         if seqlen % (2 * world if args.layout == "zigzag" else world):
             raise SystemExit(f"seqlen {seqlen} must be a multiple of {2 * world} for {args.layout} over {world} ranks")
-        rec = _bench_seqlen(args, seqlen, rank, world, dev, dtype)
+        rec = _bench_seqlen(args, seqlen, rank, world, dev, dtype, earlier + report["results"])
         report["results"].append(rec)
         if rank == 0:
             print(json.dumps(rec), flush=True)
