@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -166,12 +167,18 @@ def plan(seqlen_local: int, world_size: int, rank: int, src: int, layout: str, l
 # --- the per-step primitives ------------------------------------------------------------------
 
 
+# SMs the per-step forward leaves free for the K/V transfer's NCCL kernels.  The d <= 128
+# forward is persistent (one CTA per SM for the whole call), so a transfer kernel that finds
+# every SM taken waits for the call to end and the next step waits for the transfer.
+SM_MARGIN = int(os.environ.get("FLASHTILE_RING_SM_MARGIN", "0"))
+
+
 def _step_fwd(q, k, v, scale, left, right, softcap, deterministic):
     """``torch.ops.flashtile.fwd`` without sinks.  Plain eager calls take the same implementation
     without the custom-op dispatcher (as ``flashtile.ops.attention`` does): tens of microseconds
     less per call, and no import of torch._dynamo on first use."""
     if q.device.type in ("cpu", "cuda") and _ops._plain_eager(q, k, v):
-        return _ops._fwd_impl(q, k, v, None, scale, left, right, softcap)
+        return _ops._fwd_impl(q, k, v, None, scale, left, right, softcap, sm_margin=SM_MARGIN)
     return torch.ops.flashtile.fwd(q, k, v, None, scale, left, right, softcap, deterministic)
 
 

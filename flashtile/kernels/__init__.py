@@ -78,15 +78,16 @@ def _require(q, k, v, forward_only: bool = False) -> None:
         raise NotImplementedError(f"flashtile: no CUDA kernel for {reason}")
 
 
-def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None, fp8=None):
+def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None, fp8=None, sm_margin=0):
     """(out, lse) on CUDA; see ``launch.launch_forward``.  ``packed``: None for a dense batch,
     else the ``launch.Packed`` of a packed one (``varlen_forward``).  ``fp8``: None, or
-    ``(q_descale, k_descale, v_descale, out_dtype)`` for float8_e4m3fn q, k, v."""
+    ``(q_descale, k_descale, v_descale, out_dtype)`` for float8_e4m3fn q, k, v.  ``sm_margin``:
+    SMs a persistent schedule leaves free (``launch.launch_forward``)."""
     _require(q, k, v, forward_only=True)
     d, dv = q.shape[-1], v.shape[-1]
     dp, dvp = configs.kernel_headdims(d, dv, "fwd8" if fp8 is not None else "fwd")
     q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
-    out, lse = _launch().launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
+    out, lse = _launch().launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8, sm_margin)
     return _cut(out, dv), lse
 
 

@@ -109,11 +109,16 @@ def _env_fwd_flags(text: str) -> dict:
     on every hand-written forward row (its worker processes inherit it).  While it is set the
     launcher does not memoise its kernel choice (``launch._memoised``: overrides may change)."""
     fields = {"pingpong", "skip_rescale", "defer_sum"}
+    counts = {"tiles_per_cta": ("0", "1", "2")}  # 0 persistent, 1 one tile a CTA, 2 a pair
     flags = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
+        if name in counts and value in counts[name]:
+            flags[name] = int(value)
+            continue
         if name not in fields or value not in ("0", "1"):
-            raise ValueError(f"FLASHTILE_FWD_FLAGS: {item!r} is not <flag>=0|1 with a flag in {sorted(fields)}")
+            raise ValueError(f"FLASHTILE_FWD_FLAGS: {item!r} is not <flag>=0|1 with a flag in {sorted(fields)}, "
+                             f"or tiles_per_cta=0|1|2")
         flags[name] = value == "1"
     return flags
 

@@ -166,11 +166,13 @@ def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, 
 
 
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float,
-                   packed: Optional[Packed] = None, fp8: Optional[tuple] = None):
+                   packed: Optional[Packed] = None, fp8: Optional[tuple] = None, sm_margin: int = 0):
     """(out, lse): dense out (B, Sq, H, Dv), lse (B, H, Sq); packed out (total_q, H, Dv),
     lse (H, total_q); float32 natural-log lse.  ``fp8``: None, or ``(q_descale, k_descale,
     v_descale, out_dtype)`` for float8_e4m3fn q, k, v (descales (batch, Hkv) float32; out in
-    ``out_dtype``, bfloat16 if None)."""
+    ``out_dtype``, bfloat16 if None).  ``sm_margin``: SMs a persistent schedule leaves free for
+    kernels running beside it (ring attention's NCCL transfers: a persistent CTA holds its SM
+    for the whole call, so a transfer kernel that needs one waits for the call to end)."""
     h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
     out_dtype = q.dtype if fp8 is None else (fp8[3] or torch.bfloat16)
     out = debug.new_output((*q.shape[:-1], dv), out_dtype, q.device)
@@ -193,7 +195,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         return out, lse
     short = packed is None and configs.short_forward(d, dv, q.shape[1], sk, fp8 is not None)
     kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                            target.sm_count(q.device), dtype_name(out_dtype), short)
+                            max(1, target.sm_count(q.device) - sm_margin), dtype_name(out_dtype), short)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
         from .transpose_v import launch_transpose_v  # imported with the first FP8 call (its builder's jit decorator)
