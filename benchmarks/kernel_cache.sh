@@ -44,7 +44,9 @@ case ${1:-} in
         dense)  # tests/test_gpu_kernels.py, test_gpu_integration.py, test_degenerate.py, flashtile bench
           $pc --headdim 64 96 128 192/128 256 40 200/100 --features plain --passes fwd bwd bwd-det bwd-lse
           $pc --headdim 64 128 --dtype bfloat16 --features sinks softcap both --passes fwd bwd bwd-det bwd-lse
-          $pc --headdim 96 --dtype float16 --features sinks --passes fwd bwd-lse;;
+          $pc --headdim 96 --dtype float16 --features sinks --passes fwd bwd-lse
+          # ring attention's steps (benchmarks/ring_gpu.py, flashtile cp): no persistent grids
+          $pc --headdim 64 128 --dtype bfloat16 --features plain softcap --passes fwd-ring bwd-ring;;
         varlen)  # tests/test_gpu_varlen.py, flashtile bench --varlen
           $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det
           $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det

@@ -69,7 +69,7 @@ def _fp8_no_backward():
 
 
 def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
-              q_descale=None, k_descale=None, v_descale=None, out_dtype=None, sm_margin=0):
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None, share_sms=False):
     window = (window_left, window_right)
     if q.dtype == FP8_DTYPE:
         if q.is_cuda:
@@ -83,7 +83,7 @@ def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
             out, lse = reference.attention_forward(qf, kf, vf, softmax_scale, window, sinks, softcap)
         return out.to(out_dtype or torch.bfloat16).contiguous(), _fresh(lse)
     if q.is_cuda:
-        out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, window, softcap, sm_margin=sm_margin)
+        out, lse = _kernels().forward(q, k, v, sinks, softmax_scale, window, softcap, share_sms=share_sms)
     elif q.is_cpu:
         with torch.no_grad():
             out, lse = reference.attention_forward(q, k, v, softmax_scale, window, sinks, softcap)
@@ -93,13 +93,13 @@ def _fwd_impl(q, k, v, sinks, softmax_scale, window_left, window_right, softcap,
 
 
 def _bwd_impl(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window_left, window_right, softcap, deterministic,
-              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None, share_sms=False):
     window = (window_left, window_right)
     if q.dtype == FP8_DTYPE:
         raise _fp8_no_backward()
     if q.is_cuda:
         dq, dk, dv, dsinks = _kernels().backward(
-            dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic
+            dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, share_sms=share_sms
         )
     elif q.is_cpu:
         with torch.no_grad():

@@ -374,6 +374,29 @@ def test_persistent_deterministic_backward_is_bitwise_reproducible():
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m, n=name: f"[{g.id}] {n} vs the default mode: {m}")
 
 
+# Calls that share the GPU with other kernels (ring attention's transfers run beside each step)
+# take no persistent schedule (``configs.sharing_sms``): the d=128 forward, the d=64 short
+# forward's pairs and the d <= 96 persistent dK/dV kernel each have a one-tile-per-CTA twin.
+SHARING_SMS = [
+    G(4224, 4224, 128, 128, 4, 4, "causal", BF16),
+    G(1023, 1024, 128, 128, 8, 2, "win(127,0)", BF16, grad="out+lse"),
+    G(513, 700, 64, 64, 4, 2, "none", BF16),
+    MANY_TILES[0],
+]
+
+
+@pytest.mark.parametrize("g", SHARING_SMS, ids=[g.id for g in SHARING_SMS])
+def test_kernels_sharing_sms(g: G, monkeypatch):
+    import functools
+
+    from flashtile import kernels
+
+    for name in ("forward", "backward"):
+        monkeypatch.setattr(kernels, name, functools.partial(getattr(kernels, name), share_sms=True))
+    fails = check_case(g)
+    assert not fails, f"[{g.id}] share_sms=True\n  " + "\n  ".join(fails)
+
+
 # --------------------------------------------------------------------------------------------
 # determinism, recompilation, dispatch, layouts, empty sequences
 # --------------------------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     short rows too), never on an explicit ``overrides["fwd"]`` config; a bad entry is a named
     error."""
     assert configs._env_fwd_flags("pingpong=0, skip_rescale=1") == {"pingpong": False, "skip_rescale": True}
-    for bad in ("pingpong", "pingpong=2", "tiles_per_cta=1", "nope=1"):
+    assert configs._env_fwd_flags("tiles_per_cta=1") == {"tiles_per_cta": 1}
+    for bad in ("pingpong", "pingpong=2", "tiles_per_cta=3", "tiles_per_cta", "nope=1"):
         with pytest.raises(ValueError, match="FLASHTILE_FWD_FLAGS"):
             configs._env_fwd_flags(bad)
     monkeypatch.setitem(configs.overrides, "fwd_flags", {"skip_rescale": True})
@@ -214,3 +215,20 @@ def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
         assert cfg.manual_ws and cfg.skip_rescale, (dim, dtype, varlen, short, cfg)
     monkeypatch.setitem(configs.overrides, "fwd", configs.FwdConfig(128, 128, 2, 256))
     assert not configs.fwd_config(128, 128, "bfloat16", "full").skip_rescale  # an explicit config wins
+
+
+def test_sharing_sms_drops_persistent_schedules_only():
+    """``configs.sharing_sms`` (ring attention's steps, beside NCCL's kernels): the persistent
+    d=128 forward and d=64 short forward become one tile per CTA, the persistent d <= 96 dK/dV
+    kernel a CTA per key block; every other row is returned as it is."""
+    for dim, short in ((128, False), (64, True)):
+        cfg = configs.fwd_config(dim, dim, "bfloat16", "causal", False, short)
+        assert cfg.tiles_per_cta != 1, "the table's persistent rows changed: update this test"
+        assert configs.sharing_sms(cfg) == dataclasses.replace(cfg, tiles_per_cta=1)
+    for dim in (64, 256):
+        cfg = configs.fwd_config(dim, dim, "bfloat16", "causal", False, False)
+        assert configs.sharing_sms(cfg) is cfg
+    bwd = configs.bwd_config(64, 64, "bfloat16", "causal", False, False)
+    assert bwd.persistent and configs.sharing_sms(bwd) == dataclasses.replace(bwd, persistent=False)
+    bwd128 = configs.bwd_config(128, 128, "bfloat16", "causal", False, False)
+    assert not bwd128.persistent and configs.sharing_sms(bwd128) is bwd128

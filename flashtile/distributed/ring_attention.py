@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -167,25 +166,27 @@ def plan(seqlen_local: int, world_size: int, rank: int, src: int, layout: str, l
 # --- the per-step primitives ------------------------------------------------------------------
 
 
-# SMs the per-step forward leaves free for the K/V transfer's NCCL kernels.  The d <= 128
-# forward is persistent (one CTA per SM for the whole call), so a transfer kernel that finds
-# every SM taken waits for the call to end and the next step waits for the transfer.
-SM_MARGIN = int(os.environ.get("FLASHTILE_RING_SM_MARGIN", "0"))
-
-
 def _step_fwd(q, k, v, scale, left, right, softcap, deterministic):
     """``torch.ops.flashtile.fwd`` without sinks.  Plain eager calls take the same implementation
     without the custom-op dispatcher (as ``flashtile.ops.attention`` does): tens of microseconds
-    less per call, and no import of torch._dynamo on first use."""
+    less per call, and no import of torch._dynamo on first use.  They also share the SMs
+    (``share_sms``): the next K/V block's transfer runs beside this call, and NCCL's kernels
+    need SMs that a persistent schedule would hold until the call ends (4x H200, 128k causal
+    d=128: ring forward 78-86 -> 69 ms, NOTES, twenty-sixth session)."""
     if q.device.type in ("cpu", "cuda") and _ops._plain_eager(q, k, v):
-        return _ops._fwd_impl(q, k, v, None, scale, left, right, softcap, sm_margin=SM_MARGIN)
+        return _ops._fwd_impl(q, k, v, None, scale, left, right, softcap, share_sms=True)
     return torch.ops.flashtile.fwd(q, k, v, None, scale, left, right, softcap, deterministic)
 
 
 def _step_bwd(dout, dlse, q, k, v, out, lse, scale, left, right, softcap, deterministic):
-    """``torch.ops.flashtile.bwd`` without sinks -> (dq, dk, dv); same fast path as above."""
+    """``torch.ops.flashtile.bwd`` without sinks -> (dq, dk, dv); same fast path (and SM sharing)
+    as above."""
     with torch.no_grad():
-        dq, dk, dv, _ = _ops._bwd(dout, dlse, q, k, v, out, lse, None, scale, left, right, softcap, deterministic)
+        if q.device.type in ("cpu", "cuda") and _ops.fast_eager(q.device, dout, dlse, q, k, v, out, lse):
+            dq, dk, dv, _ = _ops._bwd_impl(dout, dlse, q, k, v, out, lse, None, scale, left, right, softcap, deterministic,
+                                           share_sms=True)
+        else:
+            dq, dk, dv, _ = _ops.attention_bwd(dout, dlse, q, k, v, out, lse, None, scale, left, right, softcap, deterministic)
     return dq, dk, dv
 
 

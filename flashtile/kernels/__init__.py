@@ -78,22 +78,23 @@ def _require(q, k, v, forward_only: bool = False) -> None:
         raise NotImplementedError(f"flashtile: no CUDA kernel for {reason}")
 
 
-def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None, fp8=None, sm_margin=0):
+def forward(q, k, v, sinks, softmax_scale, window, softcap, packed=None, fp8=None, share_sms=False):
     """(out, lse) on CUDA; see ``launch.launch_forward``.  ``packed``: None for a dense batch,
     else the ``launch.Packed`` of a packed one (``varlen_forward``).  ``fp8``: None, or
-    ``(q_descale, k_descale, v_descale, out_dtype)`` for float8_e4m3fn q, k, v.  ``sm_margin``:
-    SMs a persistent schedule leaves free (``launch.launch_forward``)."""
+    ``(q_descale, k_descale, v_descale, out_dtype)`` for float8_e4m3fn q, k, v.  ``share_sms``:
+    the call runs beside other kernels (``configs.sharing_sms``)."""
     _require(q, k, v, forward_only=True)
     d, dv = q.shape[-1], v.shape[-1]
     dp, dvp = configs.kernel_headdims(d, dv, "fwd8" if fp8 is not None else "fwd")
     q, k, v = _prepare(_pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp))
-    out, lse = _launch().launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8, sm_margin)
+    out, lse = _launch().launch_forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8, share_sms)
     return _cut(out, dv), lse
 
 
-def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed=None):
-    """(dq, dk, dv, dsinks or None) on CUDA; see ``launch.launch_backward`` (``packed`` as in
-    ``forward``)."""
+def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed=None,
+             share_sms=False):
+    """(dq, dk, dv, dsinks or None) on CUDA; see ``launch.launch_backward`` (``packed`` and
+    ``share_sms`` as in ``forward``)."""
     _require(q, k, v)
     d, dv = q.shape[-1], v.shape[-1]
     dp, dvp = configs.kernel_headdims(d, dv, "bwd")
@@ -101,7 +102,7 @@ def backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softca
         _pad_headdim(dout, dvp), _pad_headdim(q, dp), _pad_headdim(k, dp), _pad_headdim(v, dvp), _pad_headdim(out, dvp)
     )
     dq, dk, dv_, dsinks = _launch().launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
-                                                    softcap, deterministic, packed)
+                                                    softcap, deterministic, packed, share_sms)
     return _cut(dq, d), _cut(dk, d), _cut(dv_, dv), dsinks
 
 

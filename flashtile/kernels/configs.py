@@ -310,6 +310,20 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
     return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)
 
 
+def sharing_sms(config):
+    """``config`` for a call that runs beside other kernels (ring attention: the next K/V
+    block's NCCL transfer): no persistent schedule.  A persistent CTA holds its SM for the whole
+    call, so a kernel launched beside it gets no SM until the call ends; one tile (forward) or
+    key block (backward) per CTA frees SMs as CTAs retire.  4x H200, ring attention 128k causal
+    d=128 (h200x4-2026-11-28/c): forward 78-86 ms persistent, 69 one tile per CTA (without the
+    transfers 62-63); leaving 4/8/16 SMs to a persistent grid: 80/82/72 ms."""
+    if isinstance(config, FwdConfig) and config.manual_ws and config.tiles_per_cta != 1:
+        return replace(config, tiles_per_cta=1)
+    if isinstance(config, BwdConfig) and config.persistent:
+        return replace(config, persistent=False)
+    return config
+
+
 def dkdv_rows_per_group(kind: str, groups: int, rows: int, key_blocks: int, sm_count: int) -> int:
     """Launch order of the dK/dV kernel's CTAs (``schedule.grouped_tile``): how many (batch,
     kv head) rows are walked key-block-major at a time.  A runtime choice (no recompilation).

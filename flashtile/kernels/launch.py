@@ -145,18 +145,23 @@ def _scores(softmax_scale: float, softcap: float) -> tuple[float, float]:
 
 
 def forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool, window=(-1, -1),
-                   varlen: bool = False, num_sms: int = 132, out_dtype: Optional[str] = None, short: bool = False):
+                   varlen: bool = False, num_sms: int = 132, out_dtype: Optional[str] = None, short: bool = False,
+                   share_sms: bool = False):
     """The compiled forward for one static structure (tiles and builder from ``configs.fwd_config``;
-    ``out_dtype`` for FP8 inputs, ``operands``; ``short`` from ``configs.short_forward``)."""
+    ``out_dtype`` for FP8 inputs, ``operands``; ``short`` from ``configs.short_forward``;
+    ``share_sms``: ``configs.sharing_sms``)."""
     structure = _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, configs.mask_kind(window), varlen,
-                                   num_sms, out_dtype, short)
+                                   num_sms, out_dtype, short, share_sms)
     return cache.get_static(*structure)
 
 
 @_memoised
-def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, num_sms, out_dtype, short=False):
+def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, num_sms, out_dtype, short=False,
+                       share_sms=False):
     """``cache.structure`` of ``forward_kernel``."""
     cfg = configs.fwd_config(dim, dim_v, dtype, kind, varlen, short)
+    if share_sms:
+        cfg = configs.sharing_sms(cfg)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
     if cfg.manual_ws and cfg.tiles_per_cta != 1:
         static["num_sms"] = num_sms
@@ -166,13 +171,12 @@ def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, 
 
 
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float,
-                   packed: Optional[Packed] = None, fp8: Optional[tuple] = None, sm_margin: int = 0):
+                   packed: Optional[Packed] = None, fp8: Optional[tuple] = None, share_sms: bool = False):
     """(out, lse): dense out (B, Sq, H, Dv), lse (B, H, Sq); packed out (total_q, H, Dv),
     lse (H, total_q); float32 natural-log lse.  ``fp8``: None, or ``(q_descale, k_descale,
     v_descale, out_dtype)`` for float8_e4m3fn q, k, v (descales (batch, Hkv) float32; out in
-    ``out_dtype``, bfloat16 if None).  ``sm_margin``: SMs a persistent schedule leaves free for
-    kernels running beside it (ring attention's NCCL transfers: a persistent CTA holds its SM
-    for the whole call, so a transfer kernel that needs one waits for the call to end)."""
+    ``out_dtype``, bfloat16 if None).  ``share_sms``: the call runs beside other kernels (ring
+    attention's transfers), so no persistent schedule (``configs.sharing_sms``)."""
     h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
     out_dtype = q.dtype if fp8 is None else (fp8[3] or torch.bfloat16)
     out = debug.new_output((*q.shape[:-1], dv), out_dtype, q.device)
@@ -195,7 +199,7 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         return out, lse
     short = packed is None and configs.short_forward(d, dv, q.shape[1], sk, fp8 is not None)
     kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                            max(1, target.sm_count(q.device) - sm_margin), dtype_name(out_dtype), short)
+                            target.sm_count(q.device), dtype_name(out_dtype), short, share_sms)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
         from .transpose_v import launch_transpose_v  # imported with the first FP8 call (its builder's jit decorator)
@@ -216,15 +220,17 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
 
 
 def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool,
-                     window=(-1, -1), varlen: bool = False, num_sms: int = 132):
-    """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure."""
+                     window=(-1, -1), varlen: bool = False, num_sms: int = 132, share_sms: bool = False):
+    """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure
+    (``share_sms``: ``configs.sharing_sms``)."""
     structures = _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic,
-                                      configs.mask_kind(window), varlen, num_sms)
+                                      configs.mask_kind(window), varlen, num_sms, share_sms)
     return tuple(None if st is None else cache.get_static(*st) for st in structures[:3])
 
 
 @_memoised
-def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen, num_sms=132):
+def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen, num_sms=132,
+                         share_sms=False):
     """``cache.structure`` of (preprocess, dK/dV main, dQ or None), then the main kernel's
     ``BwdConfig``."""
     from .cache import BuilderRef, structure
@@ -234,6 +240,8 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     prep = structure(attention_bwd_preprocess, None, dim_v=dim_v, dtype=dtype, has_dlse=has_dlse, varlen=varlen)
     static = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, varlen=varlen)
     cfg = configs.bwd_config(dim, dim_v, dtype, kind, has_softcap, varlen)
+    if share_sms:
+        cfg = configs.sharing_sms(cfg)
     # A packed step's rows past its sequence get P = 0 from the statistics padding only if
     # the padding covers the whole query block (``seqinfo.STAT_PAD``).
     assert not varlen or cfg.block_m <= _seqinfo().STAT_PAD, f"backward query block {cfg.block_m} > seqinfo.STAT_PAD"
@@ -258,11 +266,12 @@ def _dq_accumulator(shape, device, zeroed: bool):
 
 
 def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic,
-                    packed: Optional[Packed] = None):
+                    packed: Optional[Packed] = None, share_sms: bool = False):
     """(dq, dk, dv in the input dtype, dsinks (H,) in sinks' dtype or None).
 
     Shapes as in ``launch_forward``; ``dlse`` shaped like ``lse`` or None.  A packed batch's
-    rows that no sequence uses (``seqused``) get zero gradients."""
+    rows that no sequence uses (``seqused``) get zero gradients.  ``share_sms`` as in
+    ``launch_forward``."""
     h, d, dv_ = q.shape[-2], q.shape[-1], v.shape[-1]
     hkv = k.shape[-2]
     dtype = dtype_name(q.dtype)
@@ -296,7 +305,7 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     varlen = packed is not None
     num_sms = target.sm_count(q.device)
     prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
-                                             num_sms)
+                                             num_sms, share_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
     if varlen:  # each sequence's statistics start 16-byte aligned, padding after (seqinfo.stat_start)
         delta = torch.zeros(1, h, _seqinfo().stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
@@ -314,7 +323,8 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     if varlen:  # kv heads of a sequence walked together (a query head group's worth of K/V)
         rows = max(1, configs.head_group(max(d, dv_), kind) // (h // hkv))
     else:
-        main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen, num_sms)[3]
+        main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen, num_sms,
+                                        share_sms)[3]
         rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, -(-sk // main_cfg.block_n), num_sms)
     seq_args = packed.tensors() if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()

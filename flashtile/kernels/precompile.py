@@ -23,9 +23,10 @@ FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, 
 # bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches;
 # fwd8: the FP8 forward (float8_e4m3fn q, k, v; ``--dtype`` is then the output's dtype);
 # decode: the KV-cache split-KV decode kernel, its combine kernel and the append kernels;
-# decode-fp8: the same over a float8_e4m3fn cache.
+# decode-fp8: the same over a float8_e4m3fn cache; fwd-ring / bwd-ring: the dense kernels as
+# ring attention's steps run them, beside the transfers (``configs.sharing_sms``).
 PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "fwd8", "vfwd8", "decode",
-          "decode-fp8")
+          "decode-fp8", "fwd-ring", "bwd-ring")
 
 
 def structures(headdims, dtypes, features, passes=PASSES):
@@ -33,14 +34,16 @@ def structures(headdims, dtypes, features, passes=PASSES):
     the kernel head dims that serve them, ``configs.kernel_headdim``)."""
     for (d, dv), dtype, feat, p in itertools.product(headdims, dtypes, features, passes):
         varlen = p.startswith("v")
-        base = p.removeprefix("v")
+        ring = p.endswith("-ring")
+        base = p.removeprefix("v").removesuffix("-ring")
         dim, dim_v = configs.kernel_headdims(d, dv, base if base in ("fwd", "fwd8") else "bwd")
         has_sinks, has_softcap = FEATURES[feat]
         if p.startswith("decode"):  # the decode kernel serves user head dims as they are
             kw = dict(dim=d, dim_v=dv, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap)
             yield p, kw if p == "decode" else {**kw, "cache_dtype": "float8_e4m3fn"}
         elif base == "fwd":
-            kw = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen)
+            kw = dict(dim=dim, dim_v=dim_v, dtype=dtype, has_sinks=has_sinks, has_softcap=has_softcap, varlen=varlen,
+                      **({"share_sms": True} if ring else {}))
             yield p, kw
             if configs.has_short_row(dim, dim_v, varlen):  # the short-sequence row too
                 yield p, {**kw, "short": True}
@@ -53,7 +56,7 @@ def structures(headdims, dtypes, features, passes=PASSES):
         elif not has_sinks:  # sinks do not change the backward kernels
             yield p, dict(
                 dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=base == "bwd-lse",
-                deterministic=base == "bwd-det", varlen=varlen,
+                deterministic=base == "bwd-det", varlen=varlen, **({"share_sms": True} if ring else {}),
             )
 
 
