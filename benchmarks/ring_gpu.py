@@ -178,8 +178,10 @@ def matrix(args, rank, world, dev) -> bool:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "numerics.json"), "w") as f:
             json.dump({"seqlen": args.matrix_seqlen, "world": world, "dtype": args.dtype, "results": results}, f, indent=2)
+        from flashtile.distributed.transport import chosen
+
         lines = [f"# Ring attention numerics on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, "
-                 f"{world} ranks, total seqlen {args.matrix_seqlen}, {args.dtype}", "",
+                 f"{world} ranks, total seqlen {args.matrix_seqlen}, {args.dtype}, transport {chosen() or 'gloo'}", "",
                  "flash-attn's rule vs a float32 reference: err(ring) <= 2x (out, lse) / 3x (grads) err(single-GPU flashtile) + 1e-5.", "",
                  "| case | pass | deterministic bitwise | tensor closest to its bound (err ring / err single) |", "| --- | --- | --- | --- |"]
         for r in results:

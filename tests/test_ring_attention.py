@@ -407,3 +407,16 @@ def test_bench_extrapolates_t1_beyond_single_max(tmp_path):
     with pytest.raises(SystemExit, match="differs"):
         bench.main(base + ["--headdim", "16", "--seqlens", "128", "--single-max", "0", "--t1-from", str(first / "cp.json"),
                            "--out", str(tmp_path / "c")])
+
+
+def test_transport_choice_on_cpu_and_bad_names(monkeypatch):
+    """CPU tensors always take point-to-point sends (gloo); FLASHTILE_RING_TRANSPORT is checked;
+    the bench records the transport it ran."""
+    from flashtile.distributed import transport
+
+    assert isinstance(transport.ring(None, 0, 2, 0, torch.device("cpu")), transport.NcclRing)
+    monkeypatch.setenv("FLASHTILE_RING_TRANSPORT", "copy_engine")
+    assert isinstance(transport.ring(None, 0, 2, 0, torch.device("cpu")), transport.NcclRing)
+    monkeypatch.setenv("FLASHTILE_RING_TRANSPORT", "shm")
+    with pytest.raises(ValueError, match="FLASHTILE_RING_TRANSPORT"):
+        transport.requested()

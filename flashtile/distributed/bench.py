@@ -209,8 +209,9 @@ def _single_steps(args, q, k, v, dout, backend: str):
 
 
 @contextlib.contextmanager
-def _torch_cp(args, full, world: int, dev: torch.device):
-    """Yields (fwd, fwdbwd, local out fn) running torch's context_parallel over cuDNN SDPA."""
+def _torch_cp(args, inputs, world: int, dev: torch.device):
+    """Yields (fwd, fwdbwd) running torch's context_parallel over cuDNN SDPA on ``inputs()``'s
+    full-sequence tensors (made here, so that none of them outlives its (B, H, S, D) copy)."""
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
@@ -225,7 +226,8 @@ def _torch_cp(args, full, world: int, dev: torch.device):
     if set_rotate_method is not None:
         set_rotate_method(args.rotate)
     mesh = init_device_mesh("cuda", (world,))
-    bufs = [x.transpose(1, 2).contiguous() for x in full]  # (B, H, S, D); sharded in place below
+    bufs = [x.transpose(1, 2).contiguous() for x in inputs()]  # (B, H, S, D); sharded in place below
+    torch.cuda.empty_cache()
     with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4, no_restore_buffers=set(bufs)):
         q, k, v = (_leaf(x) for x in bufs[:3])
         dout = bufs[3]
@@ -289,11 +291,18 @@ def _bench_seqlen(args, seqlen: int, rank: int, world: int, dev: torch.device, d
     from .zigzag import shard
 
     rec: dict = {"seqlen": seqlen, "seqlen_local": seqlen // world}
-    full = _full_inputs(args, seqlen, dev, dtype, seed=seqlen)
-    q, k, v = (_leaf(shard(x, world, rank, layout=args.layout)) for x in full[:3])
-    dout = shard(full[3], world, rank, layout=args.layout)
+
+    def inputs():  # the same seeded tensors each time; each run holds only what it needs (1M: 8.6 GB a tensor)
+        return _full_inputs(args, seqlen, dev, dtype, seed=seqlen)
+
+    q, k, v, dout = (shard(x, world, rank, layout=args.layout) for x in inputs())  # copies
+    q, k, v = (_leaf(x) for x in (q, k, v))
 
     _measure("ring", lambda: _ring_steps(args, q, k, v, dout), dev, args, rank, rec)
+    if rec["ring"]["status"] == "ok":
+        from .transport import chosen
+
+        rec["ring"]["transport"] = chosen() or "gloo"
     if args.profile and rec["ring"]["status"] == "ok":
         _, step = _ring_steps(args, q, k, v, dout)
         acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -304,10 +313,12 @@ def _bench_seqlen(args, seqlen: int, rank: int, world: int, dev: torch.device, d
         path = os.path.join(args.out, f"trace_ring_{seqlen}_rank{rank}.json")
         prof.export_chrome_trace(path)
         rec.setdefault("traces", []).append(path)
-    del q, k, v
+    del q, k, v, dout
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     if args.baseline:
         try:
-            with _torch_cp(args, full, world, dev) as (fwd, fwdbwd):
+            with _torch_cp(args, inputs, world, dev) as (fwd, fwdbwd):
                 _measure("torch_cp", lambda: (fwd, fwdbwd), dev, args, rank, rec)
                 if args.layout == "zigzag" and rec["torch_cp"]["status"] == "ok":
                     rec["torch_cp"]["rotate"] = args.rotate
@@ -322,9 +333,10 @@ def _bench_seqlen(args, seqlen: int, rank: int, world: int, dev: torch.device, d
             if backend == "cudnn" and dev.type != "cuda":
                 rec[name] = {"status": "not measured on CPU"}
                 continue
+            full = inputs()
             ql, kl, vl = (_leaf(x) for x in full[:3])
             _measure(name, lambda: _single_steps(args, ql, kl, vl, full[3], backend), dev, args, rank, rec)
-            del ql, kl, vl
+            del ql, kl, vl, full
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     for mode in ("fwd", "fwdbwd"):
@@ -405,6 +417,9 @@ def _markdown(report: dict) -> str:
         f"{c['dtype']}, batch {c['batch']}, {c['heads']} heads ({c['kv_heads']} kv), d={c['headdim']}, "
         f"{'causal' if c['causal'] else 'full'}, layout {c['layout']}; median of {c['iters']} steps after {c['warmup']} "
         f"warm-up, slowest rank; torch {report['torch']}; {report['date']}.",
+        "",
+        "Ring transport: " + (", ".join(sorted({r["ring"]["transport"] for r in report["results"] if "transport" in r.get("ring", {})}))
+                              or "-") + " (flashtile.distributed.transport).",
         "",
         "Forward + backward, ms per step (TFLOP/s per GPU):",
         "",

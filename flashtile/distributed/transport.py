@@ -1,0 +1,215 @@
+"""How ring attention's blocks travel: NCCL point-to-point, or the GPUs' copy engines.
+
+A ring step sends this rank's block (K/V, or the float32 dK/dV accumulators) to rank r + 1 and
+receives rank r - 1's, while the step's kernels run on the current stream.  ``ring(group, rank,
+world, slot)`` picks the transport once per group (``FLASHTILE_RING_TRANSPORT``: ``auto``,
+``nccl``, ``copy_engine``):
+
+- ``NcclRing``: ``dist.batch_isend_irecv`` on a side stream.  Any backend (gloo on CPU), any
+  topology.  On GPUs NCCL moves the bytes with kernels: they need SMs beside the step's kernel
+  (4x H200, 128k causal d=128: ~7 ms of a 70 ms forward and ~17 ms of a 190 ms backward went to
+  the transfers although they overlap the compute; NOTES, twenty-sixth session).
+- ``PeerRing`` (``auto`` on CUDA when every rank of the group is on this host and PyTorch's
+  symmetric memory works there): every rank keeps two buffers per block in symmetric memory
+  and *pulls* the previous rank's current buffer into its other one with a device-to-device
+  copy, which the copy engines carry over NVLink without any SM.  A GPU-side barrier (the
+  symmetric memory's signal pads) orders each pull after every rank has finished the step
+  before: the pulled buffer holds the block, and the buffer written is no longer read by this
+  rank's kernels or by the next rank's pull.
+
+Both keep the interface ``start(tensors, tags) -> received tensors`` (issued before the step's
+compute) and ``wait()`` (the current stream waits for the transfer).  Received ``PeerRing``
+tensors are the pool's buffers: the next ``start`` may send them as they are (the forward's
+K/V), and overwrites them if given other tensors (the backward's dK/dV sums, which have read
+them by then); the second ``start`` after always does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+TRANSPORTS = ("auto", "nccl", "copy_engine")
+
+_STREAMS: dict = {}
+_CHOICE: dict = {}  # group key -> "nccl" | "copy_engine"
+_POOLS: dict = {}  # (group key, slot, specs) -> _Pool
+
+
+def _side_stream(device: torch.device, slot: int):
+    key = (device.index if device.index is not None else torch.cuda.current_device(), slot)
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(device=device)
+    return _STREAMS[key]
+
+
+def requested() -> str:
+    """``FLASHTILE_RING_TRANSPORT`` (default ``auto``), checked."""
+    name = os.environ.get("FLASHTILE_RING_TRANSPORT", "auto")
+    if name not in TRANSPORTS:
+        raise ValueError(f"FLASHTILE_RING_TRANSPORT must be one of {TRANSPORTS}, got {name!r}")
+    return name
+
+
+def _group_key(group) -> str:
+    return (group if group is not None else dist.group.WORLD).group_name
+
+
+class NcclRing:
+    """Send tensors to the next rank and receive same-shaped ones from the previous rank.
+
+    CUDA: ``dist.batch_isend_irecv`` issued on a side stream (after it has waited for the
+    producer stream), so the transfer overlaps the compute queued on the current stream;
+    ``wait`` makes the current stream wait for it.  CPU: plain ``isend``/``irecv``.
+    """
+
+    name = "nccl"
+
+    def __init__(self, group, rank: int, world: int, slot: int):
+        self.group = group
+        self.next = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
+        self.prev = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
+        self.slot = slot
+        self._reqs = None
+        self._keep = None
+        self._stream = None
+
+    def start(self, tensors: list[Tensor], tags: tuple[int, ...]) -> list[Tensor]:
+        tensors = [t.contiguous() for t in tensors]
+        recvs = [torch.empty_like(t) for t in tensors]
+        if tensors[0].device.type == "cuda":
+            ops = []
+            for t, r, tag in zip(tensors, recvs, tags):
+                ops.append(dist.P2POp(dist.isend, t, self.next, self.group, tag))
+                ops.append(dist.P2POp(dist.irecv, r, self.prev, self.group, tag))
+            stream = _side_stream(tensors[0].device, self.slot)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._reqs = dist.batch_isend_irecv(ops)
+            self._stream = stream
+        else:
+            reqs = []
+            for t, r, tag in zip(tensors, recvs, tags):
+                reqs.append(dist.isend(t, self.next, group=self.group, tag=tag))
+                reqs.append(dist.irecv(r, self.prev, group=self.group, tag=tag))
+            self._reqs = reqs
+            self._stream = None
+        self._keep = (tensors, recvs)
+        return recvs
+
+    def wait(self) -> None:
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                for r in self._reqs:
+                    r.wait()
+            torch.cuda.current_stream().wait_stream(self._stream)
+        else:
+            for r in self._reqs:
+                r.wait()
+        self._reqs = self._keep = None
+
+
+class _Pool:
+    """Two symmetric-memory buffers per block shape (``specs``: (shape, dtype) per tensor) on
+    every rank of the group, their views, the previous rank's views, and whose turn it is."""
+
+    def __init__(self, group, rank: int, world: int, device: torch.device, specs):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size() for shape, dt in specs]
+        aligned = [-(-n // 256) * 256 for n in sizes]  # every view 256-byte aligned
+        total = 2 * sum(aligned)
+        self.raw = symm_mem.empty(total, dtype=torch.uint8, device=device)
+        self.handle = symm_mem.rendezvous(self.raw, _group_key(group))
+        prev = (rank - 1) % world
+        peer_raw = self.handle.get_buffer(prev, (total,), torch.uint8, 0)
+        self.local, self.peer = [[], []], [[], []]
+        offset = 0
+        for parity in (0, 1):
+            for (shape, dt), n, a in zip(specs, sizes, aligned):
+                self.local[parity].append(self.raw[offset : offset + n].view(dt).view(shape))
+                self.peer[parity].append(peer_raw[offset : offset + n].view(dt).view(shape))
+                offset += a
+        self.parity = 0
+
+
+class PeerRing:
+    """The copy-engine ring (see the module docstring)."""
+
+    name = "copy_engine"
+
+    def __init__(self, group, rank: int, world: int, slot: int):
+        self.group, self.rank, self.world, self.slot = group, rank, world, slot
+        self._stream = None
+
+    def start(self, tensors: list[Tensor], tags: tuple[int, ...]) -> list[Tensor]:
+        dev = tensors[0].device
+        specs = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        key = (_group_key(self.group), self.slot, specs)
+        if key not in _POOLS:
+            _POOLS[key] = _Pool(self.group, self.rank, self.world, dev, specs)
+        pool = _POOLS[key]
+        cur, nxt = pool.parity, 1 - pool.parity
+        stream = _side_stream(dev, self.slot)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for t, buf in zip(tensors, pool.local[cur]):
+                if t.data_ptr() != buf.data_ptr():  # the previous step's received block is already there
+                    buf.copy_(t)
+            # Every rank: its block for this step in place, and the step before done (its kernels
+            # no longer read buffer `nxt`, the next rank's pull out of it has landed).
+            pool.handle.barrier(channel=self.slot)
+            for dst, src in zip(pool.local[nxt], pool.peer[cur]):
+                dst.copy_(src)
+        pool.parity = nxt
+        self._stream = stream
+        return list(pool.local[nxt])
+
+    def wait(self) -> None:
+        torch.cuda.current_stream().wait_stream(self._stream)
+
+
+def _copy_engine_works(group, rank: int, world: int, device: torch.device) -> tuple[bool, str]:
+    """Whether every rank can use ``PeerRing`` (same host, symmetric memory sets up); collective."""
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    reason = "" if len(set(hosts)) == 1 else "ranks on several hosts"
+    if not reason:
+        try:
+            probe = _Pool(group, rank, world, device, (((1,), torch.float32),))
+            del probe
+        except Exception as exc:  # noqa: BLE001 - any failure means NCCL
+            reason = f"symmetric memory unavailable: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    flag = torch.tensor([0 if not reason else 1], device=device)
+    dist.all_reduce(flag, group=group)
+    if int(flag.item()) and not reason:
+        reason = "symmetric memory failed on another rank"
+    return not reason, reason
+
+
+def ring(group, rank: int, world: int, slot: int, device: Optional[torch.device] = None):
+    """The transport for one ring of ``group`` (``slot``: 0 for K/V, 1 for dK/dV), chosen once
+    per group: ``PeerRing`` when requested or (``auto``) when it works, else ``NcclRing``."""
+    want = requested()
+    if device is None or device.type != "cuda" or want == "nccl":
+        return NcclRing(group, rank, world, slot)
+    key = _group_key(group)
+    if key not in _CHOICE:
+        ok, reason = _copy_engine_works(group, rank, world, device)
+        if not ok and want == "copy_engine":
+            raise RuntimeError(f"FLASHTILE_RING_TRANSPORT=copy_engine: {reason}")
+        if not ok and rank == 0:
+            warnings.warn(f"flashtile ring attention: NCCL transfers ({reason})", stacklevel=3)
+        _CHOICE[key] = "copy_engine" if ok else "nccl"
+    return PeerRing(group, rank, world, slot) if _CHOICE[key] == "copy_engine" else NcclRing(group, rank, world, slot)
+
+
+def chosen(group=None) -> Optional[str]:
+    """The transport ``ring`` chose for ``group`` (None before its first CUDA ring)."""
+    return _CHOICE.get(_group_key(group)) if dist.is_initialized() else None
