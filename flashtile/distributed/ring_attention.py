@@ -3,8 +3,8 @@
 Every rank holds a shard of q, k and v along the sequence (``zigzag.py`` says which rows).  The
 K/V shards travel around the ring (rank r sends to r + 1 and receives from r - 1) while each
 rank attends its queries to the K/V block it holds; the next block is already in flight
-(``transport.py``: the GPUs' copy engines on one host, else NCCL / gloo point-to-point; on a
-side CUDA stream on GPUs) while the current one is computed.
+(``transport.py``: NCCL / gloo point-to-point, or the GPUs' copy engines as an experimental
+option; on a side CUDA stream on GPUs) while the current one is computed.
 Partial outputs are merged exactly by their log-sum-exp.
 
 Per ring step the (query shard, key shard) pair is cut into *pieces*: rectangles of local rows

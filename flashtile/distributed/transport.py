@@ -2,20 +2,24 @@
 
 A ring step sends this rank's block (K/V, or the float32 dK/dV accumulators) to rank r + 1 and
 receives rank r - 1's, while the step's kernels run on the current stream.  ``ring(group, rank,
-world, slot)`` picks the transport once per group (``FLASHTILE_RING_TRANSPORT``: ``auto``,
-``nccl``, ``copy_engine``):
+world, slot)`` picks the transport (``FLASHTILE_RING_TRANSPORT``: ``nccl``, the default, or
+``copy_engine``, experimental):
 
 - ``NcclRing``: ``dist.batch_isend_irecv`` on a side stream.  Any backend (gloo on CPU), any
   topology.  On GPUs NCCL moves the bytes with kernels: they need SMs beside the step's kernel
   (4x H200, 128k causal d=128: ~7 ms of a 70 ms forward and ~17 ms of a 190 ms backward went to
   the transfers although they overlap the compute; NOTES, twenty-sixth session).
-- ``PeerRing`` (``auto`` on CUDA when every rank of the group is on this host and PyTorch's
-  symmetric memory works there): every rank keeps two buffers per block in symmetric memory
-  and *pulls* the previous rank's current buffer into its other one with a device-to-device
-  copy, which the copy engines carry over NVLink without any SM.  A GPU-side barrier (the
-  symmetric memory's signal pads) orders each pull after every rank has finished the step
-  before: the pulled buffer holds the block, and the buffer written is no longer read by this
-  rank's kernels or by the next rank's pull.
+- ``PeerRing`` (CUDA, every rank of the group on this host, PyTorch's symmetric memory working
+  there): every rank keeps two buffers per block in symmetric memory and *pulls* the previous
+  rank's current buffer into its other one with a device-to-device copy, which the copy engines
+  carry over NVLink without any SM.  A GPU-side barrier (the symmetric memory's signal pads)
+  orders each pull after every rank has finished the step before: the pulled buffer holds the
+  block, and the buffer written is no longer read by this rank's kernels or by the next rank's
+  pull.  4x H200, 64k causal d=128 (``h200x4-2026-11-28/f``): fwd+bwd 66.6 ms against NCCL's
+  69.0, forward 16.2-16.7 against 18.3; the numerics matrix passes on it, bitwise
+  deterministic.  Not the default: at 128k its fwd+bwd hung (the first symmetric allocation of
+  2 GiB; call f), so a buffer of 2 GiB or more now takes NCCL for its ring (``MAX_PEER_BYTES``,
+  a bound inferred from that run, not yet measured past it).
 
 Both keep the interface ``start(tensors, tags) -> received tensors`` (issued before the step's
 compute) and ``wait()`` (the current stream waits for the transfer).  Received ``PeerRing``
@@ -28,17 +32,20 @@ from __future__ import annotations
 
 import os
 import socket
-import warnings
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-TRANSPORTS = ("auto", "nccl", "copy_engine")
+TRANSPORTS = ("nccl", "copy_engine")
+# Symmetric allocations stay below 2 GiB: call f's hang came with the first one of 2 GiB
+# (128k dK/dV pool) while every smaller one (up to 1 GiB) worked.
+MAX_PEER_BYTES = (1 << 31) - 1
 
 _STREAMS: dict = {}
-_CHOICE: dict = {}  # group key -> "nccl" | "copy_engine"
+_CHECKED: dict = {}  # group key -> whether the copy-engine ring works there
+_USED: dict = {}  # group key -> the transports its rings used
 _POOLS: dict = {}  # (group key, slot, specs) -> _Pool
 
 
@@ -50,8 +57,8 @@ def _side_stream(device: torch.device, slot: int):
 
 
 def requested() -> str:
-    """``FLASHTILE_RING_TRANSPORT`` (default ``auto``), checked."""
-    name = os.environ.get("FLASHTILE_RING_TRANSPORT", "auto")
+    """``FLASHTILE_RING_TRANSPORT`` (default ``nccl``), checked."""
+    name = os.environ.get("FLASHTILE_RING_TRANSPORT", "nccl")
     if name not in TRANSPORTS:
         raise ValueError(f"FLASHTILE_RING_TRANSPORT must be one of {TRANSPORTS}, got {name!r}")
     return name
@@ -115,27 +122,28 @@ class NcclRing:
         self._reqs = self._keep = None
 
 
+def _nbytes(shape, dtype) -> int:
+    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+
+
 class _Pool:
-    """Two symmetric-memory buffers per block shape (``specs``: (shape, dtype) per tensor) on
-    every rank of the group, their views, the previous rank's views, and whose turn it is."""
+    """Two symmetric-memory buffers per block (``specs``: (shape, dtype) per tensor), each its
+    own allocation, on every rank of the group; this rank's views, the previous rank's, the
+    handle whose signal pad the barrier uses, and whose turn it is."""
 
     def __init__(self, group, rank: int, world: int, device: torch.device, specs):
         import torch.distributed._symmetric_memory as symm_mem
 
-        sizes = [torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size() for shape, dt in specs]
-        aligned = [-(-n // 256) * 256 for n in sizes]  # every view 256-byte aligned
-        total = 2 * sum(aligned)
-        self.raw = symm_mem.empty(total, dtype=torch.uint8, device=device)
-        self.handle = symm_mem.rendezvous(self.raw, _group_key(group))
         prev = (rank - 1) % world
-        peer_raw = self.handle.get_buffer(prev, (total,), torch.uint8, 0)
-        self.local, self.peer = [[], []], [[], []]
-        offset = 0
+        self.local, self.peer, self.handles = [[], []], [[], []], []
         for parity in (0, 1):
-            for (shape, dt), n, a in zip(specs, sizes, aligned):
-                self.local[parity].append(self.raw[offset : offset + n].view(dt).view(shape))
-                self.peer[parity].append(peer_raw[offset : offset + n].view(dt).view(shape))
-                offset += a
+            for shape, dt in specs:
+                buf = symm_mem.empty(*shape, dtype=dt, device=device)
+                handle = symm_mem.rendezvous(buf, _group_key(group))
+                self.local[parity].append(buf)
+                self.peer[parity].append(handle.get_buffer(prev, tuple(shape), dt, 0))
+                self.handles.append(handle)
+        self.handle = self.handles[0]
         self.parity = 0
 
 
@@ -147,10 +155,17 @@ class PeerRing:
     def __init__(self, group, rank: int, world: int, slot: int):
         self.group, self.rank, self.world, self.slot = group, rank, world, slot
         self._stream = None
+        self._nccl = None  # blocks of MAX_PEER_BYTES or more: this ring's transfers by NCCL
 
     def start(self, tensors: list[Tensor], tags: tuple[int, ...]) -> list[Tensor]:
         dev = tensors[0].device
         specs = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if self._nccl is not None or any(_nbytes(*s) > MAX_PEER_BYTES for s in specs):
+            # every rank holds the same shapes, so every rank decides the same
+            self._nccl = self._nccl or NcclRing(self.group, self.rank, self.world, self.slot)
+            _USED.setdefault(_group_key(self.group), set()).add("nccl")
+            return self._nccl.start(tensors, tags)
+        _USED.setdefault(_group_key(self.group), set()).add("copy_engine")
         key = (_group_key(self.group), self.slot, specs)
         if key not in _POOLS:
             _POOLS[key] = _Pool(self.group, self.rank, self.world, dev, specs)
@@ -172,6 +187,8 @@ class PeerRing:
         return list(pool.local[nxt])
 
     def wait(self) -> None:
+        if self._nccl is not None:
+            return self._nccl.wait()
         torch.cuda.current_stream().wait_stream(self._stream)
 
 
@@ -194,22 +211,28 @@ def _copy_engine_works(group, rank: int, world: int, device: torch.device) -> tu
 
 
 def ring(group, rank: int, world: int, slot: int, device: Optional[torch.device] = None):
-    """The transport for one ring of ``group`` (``slot``: 0 for K/V, 1 for dK/dV), chosen once
-    per group: ``PeerRing`` when requested or (``auto``) when it works, else ``NcclRing``."""
+    """The transport for one ring of ``group`` (``slot``: 0 for K/V, 1 for dK/dV):
+    ``PeerRing`` on CUDA when ``FLASHTILE_RING_TRANSPORT=copy_engine`` (checked once per
+    group; a named error if it cannot work there), else ``NcclRing``."""
     want = requested()
-    if device is None or device.type != "cuda" or want == "nccl":
+    if device is None or device.type != "cuda":
         return NcclRing(group, rank, world, slot)
     key = _group_key(group)
-    if key not in _CHOICE:
+    if want == "nccl":
+        _USED.setdefault(key, set()).add("nccl")
+        return NcclRing(group, rank, world, slot)
+    if key not in _CHECKED:
         ok, reason = _copy_engine_works(group, rank, world, device)
-        if not ok and want == "copy_engine":
+        if not ok:
             raise RuntimeError(f"FLASHTILE_RING_TRANSPORT=copy_engine: {reason}")
-        if not ok and rank == 0:
-            warnings.warn(f"flashtile ring attention: NCCL transfers ({reason})", stacklevel=3)
-        _CHOICE[key] = "copy_engine" if ok else "nccl"
-    return PeerRing(group, rank, world, slot) if _CHOICE[key] == "copy_engine" else NcclRing(group, rank, world, slot)
+        _CHECKED[key] = ok
+    return PeerRing(group, rank, world, slot)
 
 
 def chosen(group=None) -> Optional[str]:
-    """The transport ``ring`` chose for ``group`` (None before its first CUDA ring)."""
-    return _CHOICE.get(_group_key(group)) if dist.is_initialized() else None
+    """The transports ``group``'s CUDA rings used ("nccl", "copy_engine" or both joined by
+    "+"), None before the first."""
+    if not dist.is_initialized():
+        return None
+    used = _USED.get(_group_key(group))
+    return "+".join(sorted(used)) if used else None
