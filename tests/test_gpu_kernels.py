@@ -485,18 +485,25 @@ torch.cuda.current_stream().wait_stream(side)
 for x, y in zip((qs, ks, vs), (q, k, v)):
     x.copy_(y.detach())
 graph.replay()
+# A packed batch (three sequences), forward and backward.
+cu = torch.tensor([0, 100, 333, 666], dtype=torch.int32, device="cuda")
+pq, pk, pv = (x.detach().reshape(666, 4, 64).clone().requires_grad_() for x in (q, k, v))
+pout = flashtile.flash_attn_varlen_func(pq, pk, pv, cu, cu, 333, 333, causal=True)
+pout.backward(dout.reshape(666, 4, 64))
 torch.cuda.synchronize()
 print("tilelang imported:", "tilelang" in sys.modules)
-torch.save({"out": out.detach().cpu(), "graphed": graphed.cpu(), "grads": [g.cpu() for g in grads]}, sys.argv[1])
+torch.save({"out": out.detach().cpu(), "graphed": graphed.cpu(), "grads": [g.cpu() for g in grads],
+            "packed": [pout.detach().cpu()] + [x.grad.cpu() for x in (pq, pk, pv)]}, sys.argv[1])
 """
 
 
 def test_kernels_loaded_by_id_run_without_tilelang(tmp_path):
     """A new process whose kernels are all tagged in the disk cache (this process built or
     loaded them first) runs a forward and a backward, eagerly and in a CUDA graph captured on
-    a side stream, without importing TileLang (``cache._load_executable``: tvm-ffi and the TVM
-    runtime only), and its results equal this process's bit for bit (out) and within the
-    atomics' reordering (gradients)."""
+    a side stream, and a packed batch's forward and backward, without importing TileLang
+    (``cache._load_executable``: tvm-ffi and the TVM runtime only; ``packed_stats``), and its
+    results equal this process's bit for bit (out) and within the atomics' reordering
+    (gradients)."""
     import subprocess
     import sys
 
@@ -505,6 +512,10 @@ def test_kernels_loaded_by_id_run_without_tilelang(tmp_path):
     dout = torch.randn(2, 333, 4, 64, device="cuda", dtype=BF16)
     out = flash_attn_func(q, k, v, causal=True)
     out.backward(dout)  # builds or loads (and tags) every kernel the probe needs
+    cu = torch.tensor([0, 100, 333, 666], dtype=torch.int32, device="cuda")
+    pq, pk, pv = (x.detach().reshape(666, 4, 64).clone().requires_grad_() for x in (q, k, v))
+    pout = flashtile.flash_attn_varlen_func(pq, pk, pv, cu, cu, 333, 333, causal=True)
+    pout.backward(dout.reshape(666, 4, 64))
     torch.cuda.synchronize()
     saved = tmp_path / "probe.pt"
     run = subprocess.run([sys.executable, "-c", _NO_TILELANG_PROBE, str(saved)], capture_output=True, text=True)
@@ -516,6 +527,10 @@ def test_kernels_loaded_by_id_run_without_tilelang(tmp_path):
     for name, a, b in zip("qkv", got["grads"], (q.grad, k.grad, v.grad)):
         err = (a.float() - b.detach().cpu().float()).abs().max().item()
         assert err <= 1e-2 * max(1.0, b.abs().max().item()), f"d{name} differs by {err}"
+    assert torch.equal(got["packed"][0], pout.detach().cpu()), "packed out differs from this process's"
+    for name, a, b in zip("qkv", got["packed"][1:], (pq.grad, pk.grad, pv.grad)):
+        err = (a.float() - b.detach().cpu().float()).abs().max().item()
+        assert err <= 1e-2 * max(1.0, b.abs().max().item()), f"packed d{name} differs by {err}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -360,3 +360,27 @@ def test_a_tagged_kernel_loads_in_a_new_process_without_its_builder():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["IndexedKernel", "False", "False", str(len(kernel.get_kernel_source()))], out
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_a_packed_launch_needs_no_tilelang():
+    """A packed (varlen) batch's host side, like a dense one's, runs without TileLang: its
+    kernels load by id and the backward's statistics layout (``packed_stats``) is TileLang-free
+    (``seqinfo``, the kernels' side, imports it)."""
+    import subprocess
+    import sys
+
+    from flashtile.kernels import cache
+
+    args = "cache.BuilderRef('bwd_preprocess.attention_bwd_preprocess'), None, dim_v=64, dtype='bfloat16', has_dlse=False, varlen=True"
+    eval(f"cache.get({args})", {"cache": cache})
+    probe = (
+        "import sys; from flashtile.kernels import cache, launch, packed_stats\n"
+        f"k = cache.get({args})\n"
+        "st = launch._backward_structures(64, 64, 'bfloat16', False, False, False, 'causal', True)\n"
+        "print(type(k).__name__, packed_stats.stat_rows(1000, 3), st[3].block_m <= packed_stats.STAT_PAD,"
+        " 'tilelang' in sys.modules, 'flashtile.kernels.seqinfo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["IndexedKernel", str((1000 + 132 * 4 + 3) // 4 * 4), "True", "False", "False"], out

@@ -132,10 +132,10 @@ def test_packed_head_groups_start_every_longest_tile_first():
     "lens", [[1], [0, 0, 5], [127, 129, 1, 0, 256, 255], [64] * 9, [1000, 3, 77, 0, 513], [3] * 40, [0], [300]]
 )
 def test_packed_statistics_padding_covers_every_query_block(lens):
-    """``seqinfo.stat_start``: each sequence's statistics start 4-aligned, and the ``STAT_PAD``
+    """``packed_stats.stat_start``: each sequence's statistics start 4-aligned, and the ``STAT_PAD``
     entries after its rows (what a query block of up to STAT_PAD rows reads past the sequence's
     end: Delta 0, LSE2 +inf) belong to no other sequence and lie inside ``stat_rows``."""
-    from flashtile.kernels.seqinfo import STAT_PAD, stat_rows, stat_start
+    from flashtile.kernels.packed_stats import STAT_PAD, stat_rows, stat_start
 
     cu = [0, *itertools.accumulate(lens)]
     starts = [stat_start(cu[b], b) for b in range(len(lens))]

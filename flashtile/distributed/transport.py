@@ -17,9 +17,14 @@ world, slot)`` picks the transport (``FLASHTILE_RING_TRANSPORT``: ``nccl``, the 
   block, and the buffer written is no longer read by this rank's kernels or by the next rank's
   pull.  4x H200, 64k causal d=128 (``h200x4-2026-11-28/f``): fwd+bwd 66.6 ms against NCCL's
   69.0, forward 16.2-16.7 against 18.3; the numerics matrix passes on it, bitwise
-  deterministic.  Not the default: at 128k its fwd+bwd hung (the first symmetric allocation of
-  2 GiB; call f), so a buffer of 2 GiB or more now takes NCCL for its ring (``MAX_PEER_BYTES``,
-  a bound inferred from that run, not yet measured past it).
+  deterministic.  Not the default: at 128k its fwd+bwd hung (call f), at its first 2 GiB
+  symmetric allocation.  PyTorch 2.11's symmetric memory has no size limit there (its sizes
+  are size_t); the likelier cause is that the pools were made in the middle of a ring, with
+  another pool's barrier spinning on the GPU, while allocation and rendezvous wait for the
+  device (or rendezvous only on the ranks whose memory pool handed out a fresh segment).  So
+  a pool is now made with every rank's GPU idle (``_new_pool``: synchronize, group barrier,
+  allocate, barrier), the barrier kernel has a timeout (an error instead of a hang), and a
+  buffer of 2 GiB or more still takes NCCL (``MAX_PEER_BYTES``, a precaution until measured).
 
 Both keep the interface ``start(tensors, tags) -> received tensors`` (issued before the step's
 compute) and ``wait()`` (the current stream waits for the transfer).  Received ``PeerRing``
@@ -40,8 +45,11 @@ from torch import Tensor
 
 TRANSPORTS = ("nccl", "copy_engine")
 # Symmetric allocations stay below 2 GiB: call f's hang came with the first one of 2 GiB
-# (128k dK/dV pool) while every smaller one (up to 1 GiB) worked.
+# (128k dK/dV pool) while every smaller one (up to 1 GiB) worked (a precaution: see above).
 MAX_PEER_BYTES = (1 << 31) - 1
+# A barrier that waits this long for a peer traps (a CUDA error naming the wait) instead of
+# spinning forever; a ring step at 1M tokens on 4 H200s takes about 4 s.
+BARRIER_TIMEOUT_MS = 300_000
 
 _STREAMS: dict = {}
 _CHECKED: dict = {}  # group key -> whether the copy-engine ring works there
@@ -168,7 +176,7 @@ class PeerRing:
         _USED.setdefault(_group_key(self.group), set()).add("copy_engine")
         key = (_group_key(self.group), self.slot, specs)
         if key not in _POOLS:
-            _POOLS[key] = _Pool(self.group, self.rank, self.world, dev, specs)
+            _POOLS[key] = _new_pool(self.group, self.rank, self.world, dev, specs)
         pool = _POOLS[key]
         cur, nxt = pool.parity, 1 - pool.parity
         stream = _side_stream(dev, self.slot)
@@ -179,7 +187,7 @@ class PeerRing:
                     buf.copy_(t)
             # Every rank: its block for this step in place, and the step before done (its kernels
             # no longer read buffer `nxt`, the next rank's pull out of it has landed).
-            pool.handle.barrier(channel=self.slot)
+            pool.handle.barrier(channel=self.slot, timeout_ms=BARRIER_TIMEOUT_MS)
             for dst, src in zip(pool.local[nxt], pool.peer[cur]):
                 dst.copy_(src)
         pool.parity = nxt
@@ -192,6 +200,19 @@ class PeerRing:
         torch.cuda.current_stream().wait_stream(self._stream)
 
 
+def _new_pool(group, rank: int, world: int, device: torch.device, specs) -> _Pool:
+    """A ``_Pool`` made with every rank's GPU idle.  Symmetric allocation and rendezvous wait for
+    the device (a memset, a copy, the memory pool's own frees); made mid-ring, a rank's host could
+    wait for its GPU while the GPU's barrier waits for a rank whose host waits in the rendezvous.
+    Every rank reaches this at the same point of the same call, so the group barriers match."""
+    torch.cuda.synchronize(device)
+    dist.barrier(group=group)
+    pool = _Pool(group, rank, world, device, specs)
+    torch.cuda.synchronize(device)
+    dist.barrier(group=group)
+    return pool
+
+
 def _copy_engine_works(group, rank: int, world: int, device: torch.device) -> tuple[bool, str]:
     """Whether every rank can use ``PeerRing`` (same host, symmetric memory sets up); collective."""
     hosts = [None] * world
@@ -199,8 +220,9 @@ def _copy_engine_works(group, rank: int, world: int, device: torch.device) -> tu
     reason = "" if len(set(hosts)) == 1 else "ranks on several hosts"
     if not reason:
         try:
-            probe = _Pool(group, rank, world, device, (((1,), torch.float32),))
-            del probe
+            # kept, never freed: a freed symmetric segment that one rank's pool hands out again
+            # skips the rendezvous there while the other ranks wait in theirs
+            _POOLS[(_group_key(group), "probe")] = _new_pool(group, rank, world, device, (((1,), torch.float32),))
         except Exception as exc:  # noqa: BLE001 - any failure means NCCL
             reason = f"symmetric memory unavailable: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     flag = torch.tensor([0 if not reason else 1], device=device)

@@ -58,7 +58,7 @@ def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bo
     it, except that with ``tail`` (a runtime test) an interior tile still zeroes the keys past
     the sequence's end, with one compare each instead of the mask (``key_tail_tests``).  No
     test of the query row: rows past a packed sequence's end read LSE2 = +inf from the
-    statistics padding (``seqinfo.stat_start``), so their P is 0 already.
+    statistics padding (``packed_stats.stat_start``), so their P is 0 already.
     """
 
     @T.macro
@@ -104,7 +104,7 @@ def key_tail_tests(m0, n0, block_m, block_n, last_col, mask):
     both layouts follow one rule).  An interior step zeroes them with one compare per element
     (``masks.in_sequence``) instead of the causal/window mask.  A step's query rows past the
     sequence's end need nothing: a dense step's are zero rows of Q and dO, a packed step's
-    read LSE2 = +inf from the statistics padding (``seqinfo.stat_start``), so P = 0 there.
+    read LSE2 = +inf from the statistics padding (``packed_stats.stat_start``), so P = 0 there.
     Before that padding, the packed backward tested every row against the sequence's end;
     the H200 profile of 64 sequences of 64..1024 tokens (NOTES, eleventh session) put those
     masks at a quarter of the d=64 dK/dV kernel's warp samples."""
@@ -117,7 +117,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
     """The dK/dV kernels' PrimFunc, one argument list for both schedules (see
     ``attention_bwd_dkdv``): ``kernel`` is the schedule's T.macro, called with the arguments
     and a ``seqinfo.Sequences``.  Packed (varlen) batches: tensors (1, total, heads, dim),
-    LSE2/Delta (1, H, Tqp) with sequence b's entries from ``seqinfo.stat_start`` (4-aligned
+    LSE2/Delta (1, H, Tqp) with sequence b's entries from ``packed_stats.stat_start`` (4-aligned
     starts: TMA loads them with the row innermost); CuQ, CuK, LenQ, LenK follow dV and
     ``max_q``, ``max_k`` end the list (as ``fwd.forward_prim_func``)."""
     acc = T.float32

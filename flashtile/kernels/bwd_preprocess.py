@@ -2,7 +2,7 @@
 
 Dense batches: one CTA per (row block, head, batch entry), writing the statistics row-ordered.
 Packed (varlen) batches: one CTA per real row block (``seqinfo.packed_slots``), writing each
-sequence's rows where the main kernels read them (``seqinfo.stat_start``: 16-byte aligned
+sequence's rows where the main kernels read them (``packed_stats.stat_start``: 16-byte aligned
 starts), so the host moves no statistics between the two launches.
 
 (No `from __future__ import annotations` here: TileLang evaluates the PrimFunc annotations.)
@@ -25,9 +25,9 @@ def attention_bwd_preprocess(dim_v: int, dtype: str, has_dlse: bool, varlen: boo
     rounded up to a multiple of 4 (rows 16-byte aligned, as the main kernels' TMA loads of
     lse/Delta tiles require); padding rows get Delta = 0, LSE2 = 0 (their Q and dO tiles are
     zero-filled, so they contribute nothing).  Packed: O, dO (1, Tq, H, Dv), LSE, dLSE
-    (1, H, Tq), Delta, LSE2 (1, H, Tqp) (``seqinfo.stat_rows``), then CuQ (batch + 1,),
+    (1, H, Tq), Delta, LSE2 (1, H, Tqp) (``packed_stats.stat_rows``), then CuQ (batch + 1,),
     LenQ (batch,) and max_q; the kernel writes each sequence's used rows only, the caller
-    fills the buffers (gaps and unused rows: Delta = 0, LSE2 = +inf, ``seqinfo.stat_start``).
+    fills the buffers (gaps and unused rows: Delta = 0, LSE2 = +inf, ``packed_stats.stat_start``).
     """
     acc = T.float32
     cols = 32 if dim_v % 32 == 0 else 16

@@ -19,12 +19,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..lazy import lazy_module
-from . import cache, configs, debug, operands, target
+from . import cache, configs, debug, operands, packed_stats, target
 from .masks import host_window
 from .softmax import LOG2E
-
-_seqinfo = lazy_module("flashtile.kernels.seqinfo")  # packed batches only (it imports TileLang)
 
 
 class Packed(NamedTuple):
@@ -243,8 +240,8 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     if share_sms:
         cfg = configs.sharing_sms(cfg)
     # A packed step's rows past its sequence get P = 0 from the statistics padding only if
-    # the padding covers the whole query block (``seqinfo.STAT_PAD``).
-    assert not varlen or cfg.block_m <= _seqinfo().STAT_PAD, f"backward query block {cfg.block_m} > seqinfo.STAT_PAD"
+    # the padding covers the whole query block (``packed_stats.STAT_PAD``).
+    assert not varlen or cfg.block_m <= packed_stats.STAT_PAD, f"backward query block {cfg.block_m} > packed_stats.STAT_PAD"
     extra = {"num_sms": num_sms} if cfg.persistent else {}
     main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static, **extra)
     dq = None
@@ -307,8 +304,8 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
                                              num_sms, share_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
-    if varlen:  # each sequence's statistics start 16-byte aligned, padding after (seqinfo.stat_start)
-        delta = torch.zeros(1, h, _seqinfo().stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
+    if varlen:  # each sequence's statistics start 16-byte aligned, padding after (packed_stats.stat_start)
+        delta = torch.zeros(1, h, packed_stats.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
         lse2 = torch.full_like(delta, float("inf"))  # padding: P = exp2(s - inf) = 0
         prep(lead(out), lead(dout), lead(lse), dlse_arg, delta, lse2, packed.cu_q, packed.lens_q, packed.max_q)
     else:

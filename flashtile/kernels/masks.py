@@ -6,7 +6,7 @@ One mask covers every kind: with ``off = len_k - len_q`` of the tile's sequence
 for causal, so full, causal, sliding-window and causal+window attention are the same kernel
 with different runtime numbers.  No mask tests the query row: in a packed (varlen) batch rows
 past ``len_q`` hold the next sequence's queries, which the forward computes and never stores,
-and which the backward's statistics padding (LSE2 = +inf, ``seqinfo.stat_start``) gives P = 0.
+and which the backward's statistics padding (LSE2 = +inf, ``packed_stats.stat_start``) gives P = 0.
 """
 
 from __future__ import annotations
