@@ -223,7 +223,7 @@ def _copy_engine_works(group, rank: int, world: int, device: torch.device) -> tu
             # kept, never freed: a freed symmetric segment that one rank's pool hands out again
             # skips the rendezvous there while the other ranks wait in theirs
             _POOLS[(_group_key(group), "probe")] = _new_pool(group, rank, world, device, (((1,), torch.float32),))
-        except Exception as exc:  # noqa: BLE001 - any failure means NCCL
+        except Exception as exc:  # noqa: BLE001 - any failure: ring() names it
             reason = f"symmetric memory unavailable: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     flag = torch.tensor([0 if not reason else 1], device=device)
     dist.all_reduce(flag, group=group)
