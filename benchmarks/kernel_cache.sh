@@ -51,7 +51,9 @@ case ${1:-} in
           $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det
           $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det
           $pc --headdim 128 40 --dtype float16 --features plain --passes vfwd vbwd
-          $pc --headdim 96 --dtype bfloat16 --features sinks --passes vfwd vbwd-lse;;
+          $pc --headdim 96 --dtype bfloat16 --features sinks --passes vfwd vbwd-lse
+          # packed ring attention's steps (no persistent dK/dV at d <= 96)
+          $pc --headdim 64 --dtype bfloat16 --features plain --passes vbwd-ring;;
         fp8)  # tests/test_gpu_fp8.py, flashtile bench's flashtile-fp8 (--dtype: the output's)
           $pc --headdim 64 128 192/128 256 40 80/72 --dtype bfloat16 --features plain --passes fwd8
           $pc --headdim 128 --dtype bfloat16 float16 --features plain sinks softcap both --passes fwd8

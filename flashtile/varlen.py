@@ -257,7 +257,9 @@ def _window(o: Options) -> tuple[int, int]:
     return (o.window_left, o.window_right)
 
 
-def _fwd_impl(q, k, v, o: Options):
+def _fwd_impl(q, k, v, o: Options, share_sms: bool = False):
+    """``share_sms``: the call runs beside other kernels (ring attention's steps;
+    ``kernels.configs.sharing_sms``)."""
     if q.dtype == V.FP8_DTYPE:
         if q.is_cuda:
             out, lse = _kernel("varlen_forward")(
@@ -277,7 +279,7 @@ def _fwd_impl(q, k, v, o: Options):
     if q.is_cuda:
         out, lse = _kernel("varlen_forward")(
             q, k, v, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k, o.max_seqlen_q, o.max_seqlen_k,
-            o.sinks, o.softmax_scale, _window(o), o.softcap,
+            o.sinks, o.softmax_scale, _window(o), o.softcap, share_sms=share_sms,
         )
     elif q.is_cpu:
         with torch.no_grad():
@@ -290,13 +292,15 @@ def _fwd_impl(q, k, v, o: Options):
     return out.contiguous(), lse.contiguous()
 
 
-def _bwd_impl(dout, dlse, q, k, v, out, lse, o: Options):
+def _bwd_impl(dout, dlse, q, k, v, out, lse, o: Options, share_sms: bool = False):
+    """``share_sms`` as in ``_fwd_impl``."""
     if q.dtype == V.FP8_DTYPE:
         raise ops._fp8_no_backward()
     if q.is_cuda:
         dq, dk, dv, dsinks = _kernel("varlen_backward")(
             dout, dlse, q, k, v, out, lse, o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_q, o.seqused_k,
             o.max_seqlen_q, o.max_seqlen_k, o.sinks, o.softmax_scale, _window(o), o.softcap, o.deterministic,
+            share_sms=share_sms,
         )
     elif q.is_cpu:
         with torch.no_grad():

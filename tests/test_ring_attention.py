@@ -420,3 +420,62 @@ def test_transport_choice_on_cpu_and_bad_names(monkeypatch):
     monkeypatch.setenv("FLASHTILE_RING_TRANSPORT", "shm")
     with pytest.raises(ValueError, match="FLASHTILE_RING_TRANSPORT"):
         transport.requested()
+
+
+def test_ring_steps_ask_for_kernels_that_share_the_sms(monkeypatch):
+    """Every ring step's kernel call asks for no persistent grid (``share_sms=True``, the next
+    block's transfer runs beside it): dense and packed, forward and backward."""
+    from flashtile import ops, varlen
+    from flashtile.distributed import ring_flash_attn_func, ring_flash_attn_varlen_func
+
+    seen = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        def call(*args, **kwargs):
+            seen.append((module.__name__, name, kwargs.get("share_sms")))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, call)
+
+    for module in (ops, varlen):
+        spy(module, "_fwd_impl")
+        spy(module, "_bwd_impl")
+    q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in range(3))
+    ring_flash_attn_func(q, k, v, causal=True).sum().backward()
+    cu = torch.tensor([0, 2, 8], dtype=torch.int32)
+    qp, kp, vp = (torch.randn(8, 2, 16, requires_grad=True) for _ in range(3))
+    ring_flash_attn_varlen_func(qp, kp, vp, cu, 6, causal=True).sum().backward()
+    assert {(m, n) for m, n, _ in seen} == {(m.__name__, n) for m in (ops, varlen) for n in ("_fwd_impl", "_bwd_impl")}, seen
+    assert all(share for _, _, share in seen), f"a ring step's kernel call without share_sms=True: {seen}"
+
+
+def test_packed_kernel_entry_points_pass_share_sms_on(monkeypatch):
+    """``kernels.varlen_forward`` / ``varlen_backward`` hand ``share_sms`` to the dense or packed
+    launch they pick (equal lengths run the dense kernels)."""
+    from flashtile import kernels
+
+    seen = []
+
+    # forward(q, k, v, sinks, scale, window, softcap, packed=None, fp8=None, share_sms=False) and
+    # backward(dout, dlse, q, k, v, out, lse, sinks, scale, window, softcap, deterministic,
+    # packed=None, share_sms=False): share_sms by keyword (dense) or last in place (packed)
+    def fake_forward(q, k, v, *args, **kwargs):
+        seen.append(kwargs["share_sms"] if "share_sms" in kwargs else args[6])
+        lead = q.shape[:-1]
+        return q.new_zeros(*lead, v.shape[-1]), q.new_zeros(*((lead[0], lead[2], lead[1]) if q.dim() == 4 else (lead[1], lead[0])))
+
+    def fake_backward(dout, dlse, q, k, v, *args, **kwargs):
+        seen.append(kwargs["share_sms"] if "share_sms" in kwargs else args[8])
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+
+    monkeypatch.setattr(kernels, "forward", fake_forward)
+    monkeypatch.setattr(kernels, "backward", fake_backward)
+    x = torch.randn(10, 2, 16)
+    lse = torch.randn(2, 10)
+    for cu, mx in ((torch.tensor([0, 5, 10], dtype=torch.int32), 5), (torch.tensor([0, 4, 10], dtype=torch.int32), 6)):
+        kernels.varlen_forward(x, x, x, cu, cu, None, None, mx, mx, None, 0.25, (-1, 0), 0.0, share_sms=True)
+        kernels.varlen_backward(x, None, x, x, x, x, lse, cu, cu, None, None, mx, mx, None, 0.25, (-1, 0), 0.0, False,
+                                share_sms=True)
+    assert seen == [True] * 4, seen

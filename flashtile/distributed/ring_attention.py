@@ -489,7 +489,7 @@ def _varlen_step_fwd(q, k, v, o):
     from .. import varlen
 
     if q.device.type in ("cpu", "cuda") and _ops._plain_eager(q, k, v):
-        return varlen._fwd_impl(q, k, v, o)
+        return varlen._fwd_impl(q, k, v, o, share_sms=True)  # as _step_fwd
     return torch.ops.flashtile.varlen_fwd(q, k, v, *o)
 
 
@@ -498,7 +498,7 @@ def _varlen_step_bwd(dout, dlse, q, k, v, out, lse, o):
 
     with torch.no_grad():
         if q.device.type in ("cpu", "cuda") and _ops._plain_eager(dout, dlse, q, k, v, out, lse):
-            dq, dk, dv, _ = varlen._bwd_impl(dout, dlse, q, k, v, out, lse, o)
+            dq, dk, dv, _ = varlen._bwd_impl(dout, dlse, q, k, v, out, lse, o, share_sms=True)
         else:
             dq, dk, dv, _ = torch.ops.flashtile.varlen_bwd(dout, dlse, q, k, v, out, lse, *o)
     return dq, dk, dv

@@ -154,27 +154,29 @@ def _dense_lse(lse, batch: int):
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                   sinks, softmax_scale, window, softcap, fp8=None):
-    """(out (total_q, H, Dv), lse (H, total_q) float32) on CUDA for a packed batch (``fp8`` as
-    in ``forward``)."""
+                   sinks, softmax_scale, window, softcap, fp8=None, share_sms=False):
+    """(out (total_q, H, Dv), lse (H, total_q) float32) on CUDA for a packed batch (``fp8`` and
+    ``share_sms`` as in ``forward``)."""
     equal = equal_lengths(q.shape[0], k.shape[0], cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     if equal is not None:
         b = equal[0]
-        out, lse = forward(*(_dense_rows(x, b) for x in (q, k, v)), sinks, softmax_scale, window, softcap, fp8=fp8)
+        out, lse = forward(*(_dense_rows(x, b) for x in (q, k, v)), sinks, softmax_scale, window, softcap, fp8=fp8,
+                           share_sms=share_sms)
         return out.flatten(0, 1), lse.transpose(0, 1).flatten(1)
     packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    return forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8)
+    return forward(q, k, v, sinks, softmax_scale, window, softcap, packed, fp8, share_sms)
 
 
 def varlen_backward(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                    max_seqlen_q, max_seqlen_k, sinks, softmax_scale, window, softcap, deterministic):
-    """(dq, dk, dv, dsinks or None) on CUDA for a packed batch."""
+                    max_seqlen_q, max_seqlen_k, sinks, softmax_scale, window, softcap, deterministic, share_sms=False):
+    """(dq, dk, dv, dsinks or None) on CUDA for a packed batch (``share_sms`` as in ``forward``)."""
     equal = equal_lengths(q.shape[0], k.shape[0], cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     if equal is not None:
         b = equal[0]
         q, k, v, out, dout = (_dense_rows(x, b) for x in (q, k, v, out, dout))
         dq, dk, dv, dsinks = backward(dout, _dense_lse(dlse, b), q, k, v, out, _dense_lse(lse, b), sinks,
-                                      softmax_scale, window, softcap, deterministic)
+                                      softmax_scale, window, softcap, deterministic, share_sms=share_sms)
         return dq.flatten(0, 1), dk.flatten(0, 1), dv.flatten(0, 1), dsinks
     packed = _packed(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    return backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed)
+    return backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic, packed,
+                    share_sms)

@@ -23,10 +23,11 @@ FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, 
 # bwd-lse: the backward when lse gets a gradient; the "v" passes: packed (varlen) batches;
 # fwd8: the FP8 forward (float8_e4m3fn q, k, v; ``--dtype`` is then the output's dtype);
 # decode: the KV-cache split-KV decode kernel, its combine kernel and the append kernels;
-# decode-fp8: the same over a float8_e4m3fn cache; fwd-ring / bwd-ring: the dense kernels as
-# ring attention's steps run them, beside the transfers (``configs.sharing_sms``).
+# decode-fp8: the same over a float8_e4m3fn cache; fwd-ring / bwd-ring / vbwd-ring: the dense
+# and packed kernels as ring attention's steps run them, beside the transfers
+# (``configs.sharing_sms``).
 PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "fwd8", "vfwd8", "decode",
-          "decode-fp8", "fwd-ring", "bwd-ring")
+          "decode-fp8", "fwd-ring", "bwd-ring", "vbwd-ring")
 
 
 def structures(headdims, dtypes, features, passes=PASSES):
