@@ -13,8 +13,8 @@ How the CUDA path is reached from CPU tensors (``install_stubs``; only this scri
   functions are replaced by adapters that call the CUDA launchers (``flashtile.kernels.forward``
   / ``backward`` / ``varlen_*`` and ``kernels.decode.launch_decode``) with the same tensors;
 - ``target.capability`` answers sm_90 and ``target.sm_count`` 132;
-- ``cache._build`` returns a no-op kernel (so ``cache.get``'s lookup still runs) and the
-  prebuilt bundle is not installed;
+- ``cache._build`` returns a no-op kernel (so ``cache.get``'s lookup still runs), kernels
+  tagged in the disk cache are not loaded by id, and the prebuilt bundle is not installed;
 - checks that read tensor contents and run on CPU only (varlen's ``cu_seqlens`` checks, the KV
   cache's length checks) are switched off, as they are on CUDA by default;
 - ``torch.cuda.is_current_stream_capturing`` answers False (the CPU wheel raises).
@@ -60,6 +60,7 @@ def install_stubs() -> None:
     K._capability = target.capability  # bound by name in kernels/__init__
     target.sm_count = lambda device: 132
     cache._build = lambda builder, name, kwargs, static: _noop_kernel
+    cache._load_indexed = lambda sid, what: None  # not this machine's compiled kernels (they take CUDA tensors)
     prebuilt.install = lambda: 0
     torch.cuda.is_current_stream_capturing = lambda: False
     varlen.content_checks_enabled = lambda device: False
@@ -198,12 +199,14 @@ def main():
     install_stubs()
     table = rows()
     print(f"CPU host time per call (GPU parts stubbed), torch {torch.__version__}")
+    failed = 0
     for name, fn in table:
         if args.rows not in name:
             continue
         try:
             print(f"{per_call_us(fn, args.n):9.1f} us  {name}", flush=True)
-        except Exception as e:  # a measurement tool: report and go on
+        except Exception as e:  # a measurement tool: report, go on, and exit non-zero
+            failed += 1
             print(f"   failed  {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     if args.profile:
         name, fn = next((r for r in table if args.profile in r[0]))
@@ -216,7 +219,8 @@ def main():
             fn()
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

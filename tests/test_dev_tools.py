@@ -33,3 +33,17 @@ def test_tune_table_groups_rounds_per_case_against_the_first_config():
     assert "| 512 | causal |" in rows[0] and "+0.0%" in rows[0]
     assert "(128, 128, 2, 256, 1, 1, 0) | 0.250-0.260 | +0.0% |" in rows[1], rows[1]
     assert "(128, 64, 2, 256, 1, 1, 0) | 0.390 | +56.0% |" in rows[2], rows[2]
+
+
+def test_host_overhead_cpu_measures_every_row():
+    """``host_overhead_cpu.py`` (the CPU estimate of issue 19's host time) runs every entry
+    point's CUDA path on stubs; a row that fails (as every kernel row did once kernels tagged in
+    the disk cache began to load by id, real kernels given CPU tensors) makes it exit non-zero.
+    Its own process: the stubs patch flashtile's modules."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "host_overhead_cpu.py"), "--n", "5"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "failed" not in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    assert run.stdout.count(" us  ") >= 10, run.stdout
