@@ -387,14 +387,31 @@ SHARING_SMS = [
 
 @pytest.mark.parametrize("g", SHARING_SMS, ids=[g.id for g in SHARING_SMS])
 def test_kernels_sharing_sms(g: G, monkeypatch):
-    import functools
-
+    """Every launch of the case asks for ``share_sms=True`` (as ring attention's steps do), and
+    every forward and dK/dV kernel it runs has no persistent grid."""
     from flashtile import kernels
+    from flashtile.kernels import cache, configs
 
     for name in ("forward", "backward"):
-        monkeypatch.setattr(kernels, name, functools.partial(getattr(kernels, name), share_sms=True))
+        def forced(*args, _real=getattr(kernels, name), **kwargs):
+            kwargs["share_sms"] = True  # over the callers' own share_sms=False
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, forced)
+    launched = []
+    real_get = cache.get_static
+
+    def spy(builder, config, static, key_):
+        launched.append(config)
+        return real_get(builder, config, static, key_)
+
+    monkeypatch.setattr(cache, "get_static", spy)
     fails = check_case(g)
     assert not fails, f"[{g.id}] share_sms=True\n  " + "\n  ".join(fails)
+    fwd = [c for c in launched if isinstance(c, configs.FwdConfig)]
+    bwd = [c for c in launched if isinstance(c, configs.BwdConfig)]
+    assert fwd and bwd, f"[{g.id}] launched {launched}"
+    assert all(c.tiles_per_cta == 1 for c in fwd) and not any(c.persistent for c in bwd), f"[{g.id}] persistent: {launched}"
 
 
 # --------------------------------------------------------------------------------------------
