@@ -10,6 +10,8 @@
 #   2. `flashtile cp` 512k,1M, T1 extrapolated from step 1's 256k (skipped with SKIP_LONG=1)
 #   3. the experimental copy-engine transport: ring alone at 64k-256k, then with torch CP at
 #      64k (skipped with SKIP_CE=1); --watchdog-s prints every rank's stacks if it hangs
+#   4. with P2P_SWEEP="1 2 4 8": the NCCL ring alone at 128k per NCCL_MAX_P2P_NCHANNELS value
+#      (fewer send/recv CTAs beside the attention kernels; NOTES, twenty-sixth session)
 # Everything ends in OUT/cp_logs.tgz (the device tool returns at most 8 files).
 # Budget on 4 H200: ~240 s + ~170 s + ~120 s, plus the machine's start.
 set -u
@@ -37,4 +39,9 @@ if [ -z "${SKIP_CE:-}" ]; then
   FLASHTILE_RING_TRANSPORT=copy_engine step ce_torch 60 $run -m flashtile.distributed.bench --seqlens 64k --no-single \
     --check-seqlen 64k --warmup 2 --iters 5 --watchdog-s 50 --out "$o/ce_torch"
 fi
+for c in ${P2P_SWEEP:-}; do
+  NCCL_MAX_P2P_NCHANNELS=$c NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT step "p2p$c" 60 $run -m flashtile.distributed.bench \
+    --seqlens 128k --no-baseline --no-single --check-seqlen 0 --warmup 2 --iters 5 --out "$o/p2p$c"
+  grep -m2 -i "p2p channels" "$o/p2p$c.log"
+done
 tar -C "$o" -czf "$o/cp_logs.tgz" --exclude=cp_logs.tgz . && find "$o" -mindepth 1 ! -name cp_logs.tgz -delete
