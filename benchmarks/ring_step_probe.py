@@ -29,15 +29,7 @@ from flashtile.flops import attention_flops
 def _median_ms(fn, iters: int) -> float:
     fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(bench.cuda_ms(fn) for _ in range(iters))
 
 
 def _pairs(p) -> int:

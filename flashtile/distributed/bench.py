@@ -109,6 +109,16 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def cuda_ms(step) -> float:
+    """One ``step()`` timed with CUDA events on the current stream, in ms (after it ends)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def _time(step, dev: torch.device, warmup: int, iters: int) -> float:
     """Median over ``iters`` of the slowest rank's time of one ``step()``, in ms."""
     for _ in range(warmup):
@@ -119,12 +129,7 @@ def _time(step, dev: torch.device, warmup: int, iters: int) -> float:
         dist.barrier()
         _sync(dev)
         if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(cuda_ms(step))
         else:
             t0 = time.perf_counter()
             step()

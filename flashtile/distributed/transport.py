@@ -131,7 +131,7 @@ class NcclRing:
 
 
 def _nbytes(shape, dtype) -> int:
-    return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    return torch.Size(shape).numel() * dtype.itemsize
 
 
 class _Pool:
