@@ -161,7 +161,10 @@ def main():
     sinks = debug.dummy_sinks(h, q.device)
     scalars = (0.18, 0.0, 1 << 30, 1 << 30, 1)  # score scale, cap_in, window, head group
     args_ = (q, k, v, out, lse, sinks, *scalars)
-    exe = kernel.adapter._get_executable()
+    # A kernel loaded by structure id (``cache.IndexedKernel``) is the tvm-ffi executable
+    # itself, with no TileLang adapter around it; a freshly built one has the adapter.
+    adapter = getattr(kernel, "adapter", None)
+    exe = adapter._get_executable() if adapter is not None else kernel.torch_function
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     dout = torch.randn_like(q)
     cu = torch.tensor([0, 64, 128], dtype=torch.int32, device="cuda")
@@ -170,7 +173,7 @@ def main():
         ("torch.empty x2 (allocation floor)", lambda: (torch.empty_like(q), torch.empty(b, h, s, device="cuda"))),
         ("tvm-ffi executable(*args)", lambda: exe(*args_)),
         ("kernel(*args) (direct: cache._direct_calls)", lambda: kernel(*args_)),
-        ("kernel.adapter.func(*args) (TileLang adapter)", lambda: kernel.adapter.func(*args_)),
+        *([("kernel.adapter.func(*args) (TileLang adapter)", lambda: adapter.func(*args_))] if adapter is not None else []),
         ("launch_forward", lambda: fwd.launch_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
         ("kernels.forward (+checks, _prepare)", lambda: kernels_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
         ("flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),
