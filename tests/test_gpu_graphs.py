@@ -6,8 +6,9 @@ values.  Each test warms the call up eagerly (kernels loaded, constants made), c
 on static tensors, then for two rounds writes fresh ``torch.randn`` draws into the static inputs
 (for decode: advances the cache lengths in place, as a serving loop does), replays, and compares
 the graph's outputs with an eager call on the same inputs.  The kernels are deterministic
-except for the default backward's dQ (fp32 atomics), so outputs must be bitwise equal, and the
-default backward's dQ within a tolerance of a few fp32 roundings.
+except for the default backward's dQ (fp32 atomic adds in the order CTAs finish, then rounded to
+bf16), so outputs must be bitwise equal, and the default backward's dQ within 1% of its largest
+entry (a bf16 rounding step is 0.4%).
 
 Shapes are odd (257 queries, 8 query heads over 2 kv heads) and use the head dims and features
 ``benchmarks/kernel_cache.sh fill`` builds, so a carried kernel cache makes this file fast.
