@@ -61,6 +61,17 @@ def _same(name, got, want, rtol=0.0):
         assert err <= rtol * max(scale, 1e-6), f"{name}: graph replay differs from eager by {err:.3e} (scale {scale:.3e})"
 
 
+def _replays_match(static, draw, call, names, rtol=lambda name: 0.0):
+    """Capture ``call`` on ``static``, then twice: ``draw()`` fresh inputs into ``static``,
+    replay, and compare the graph's outputs (``names`` in order) with an eager ``call()``."""
+    graph, got = _capture(call)
+    for _ in range(2):
+        _fill(static, draw())
+        graph.replay()
+        for name, g, w in zip(names, got, call()):
+            _same(name, g, w, rtol(name))
+
+
 def _qkv(b=2, sq=257, sk=257, h=8, hkv=2, d=128, requires_grad=False):
     q = torch.randn(b, sq, h, d, device="cuda", dtype=BF16)
     k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=BF16) for _ in range(2))
@@ -70,14 +81,8 @@ def _qkv(b=2, sq=257, sk=257, h=8, hkv=2, d=128, requires_grad=False):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_replays(causal):
     static = _qkv()
-    call = lambda: flashtile.flash_attn_func(*static, causal=causal, return_lse=True)  # noqa: E731
-    graph, (out, lse) = _capture(call)
-    for _ in range(2):
-        _fill(static, _qkv())
-        graph.replay()
-        want_out, want_lse = call()
-        _same("out", out, want_out)
-        _same("lse", lse, want_lse)
+    _replays_match(static, _qkv, lambda: flashtile.flash_attn_func(*static, causal=causal, return_lse=True),
+                   ("out", "lse"))
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
@@ -90,14 +95,9 @@ def test_training_step_replays(deterministic):
         out = flashtile.flash_attn_func(*static, causal=True, deterministic=deterministic)
         return (out, *torch.autograd.grad(out, static, dout))
 
-    graph, got = _capture(step)
-    for _ in range(2):
-        _fill([*static, dout], [*_qkv(), torch.randn_like(dout)])
-        graph.replay()
-        want = step()
-        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-            # The default dQ adds fp32 tiles atomically in whatever order CTAs finish.
-            _same(name, g, w, rtol=0.0 if deterministic or name != "dq" else 1e-2)
+    # The default dQ adds fp32 tiles atomically in whatever order CTAs finish.
+    _replays_match([*static, dout], lambda: [*_qkv(), torch.randn_like(dout)], step, ("out", "dq", "dk", "dv"),
+                   lambda name: 0.0 if deterministic or name != "dq" else 1e-2)
 
 
 def test_varlen_training_step_replays():
@@ -119,12 +119,7 @@ def test_varlen_training_step_replays():
                                                deterministic=True)
         return (out, *torch.autograd.grad(out, static, dout))
 
-    graph, got = _capture(step)
-    for _ in range(2):
-        _fill([*static, dout], [*draw(), torch.randn_like(dout)])
-        graph.replay()
-        for name, g, w in zip(("out", "dq", "dk", "dv"), got, step()):
-            _same(name, g, w)
+    _replays_match([*static, dout], lambda: [*draw(), torch.randn_like(dout)], step, ("out", "dq", "dk", "dv"))
 
 
 def test_fp8_forward_replays():
@@ -135,15 +130,9 @@ def test_fp8_forward_replays():
         return list(flashtile.fp8.quantize_qkv(*_qkv()))  # q8, k8, v8, q_descale, k_descale, v_descale
 
     static = draw()
-    call = lambda: flashtile.flash_attn_func(*static[:3], causal=True, q_descale=static[3], k_descale=static[4],  # noqa: E731
-                                             v_descale=static[5], return_lse=True)
-    graph, (out, lse) = _capture(call)
-    for _ in range(2):
-        _fill(static, draw())
-        graph.replay()
-        want_out, want_lse = call()
-        _same("out", out, want_out)
-        _same("lse", lse, want_lse)
+    _replays_match(static, draw, lambda: flashtile.flash_attn_func(*static[:3], causal=True, q_descale=static[3],
+                                                                 k_descale=static[4], v_descale=static[5],
+                                                                 return_lse=True), ("out", "lse"))
 
 
 @pytest.mark.parametrize("page", [None, 16], ids=["contig", "page16"])
