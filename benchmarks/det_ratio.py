@@ -1,12 +1,10 @@
 """Deterministic backward against the default one, in one process (issue 19 item 5; device only).
 
-    python3 benchmarks/det_ratio.py [--headdim 64 128] [--seqlen 4096 16384] [--rounds 2] [--ordered]
+    python3 benchmarks/det_ratio.py [--headdim 64 128] [--seqlen 4096 16384] [--rounds 2]
 
 Times the backward alone (``torch.autograd.grad`` of one forward's output, retained graph) with
 ``deterministic=False`` and ``True`` in turn, fresh random inputs per case, bf16, 16k tokens x
 (2048 / d) heads, full and causal; prints ms and the ratio deterministic / default per round.
-``--ordered`` also times causal cases with the ordered dQ adds (``launch.ORDERED_DQ``) after the
-separate-kernel deterministic mode, in the same process.
 """
 
 from __future__ import annotations
@@ -31,9 +29,7 @@ def main() -> None:
     ap.add_argument("--headdim", type=int, nargs="*", default=[64, 128])
     ap.add_argument("--seqlen", type=int, nargs="*", default=[4096, 16384])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--ordered", action="store_true", help="also the ordered dQ adds (causal cases)")
     args = ap.parse_args()
-    from flashtile.kernels import launch
     for r in range(args.rounds):
         for d in args.headdim:
             for s in args.seqlen:
@@ -43,16 +39,8 @@ def main() -> None:
                                for _ in range(3))
                     default = backward_ms(q, k, v, causal, False)
                     det = backward_ms(q, k, v, causal, True)
-                    line = (f"DET round {r} d{d} s{s} causal{int(causal)} default {default:.3f}ms "
-                            f"deterministic {det:.3f}ms ratio {det / default:.3f}")
-                    if args.ordered and causal:
-                        launch.ORDERED_DQ = True
-                        try:
-                            ordered = backward_ms(q, k, v, causal, True)
-                        finally:
-                            launch.ORDERED_DQ = False
-                        line += f" ordered {ordered:.3f}ms ratio {ordered / default:.3f}"
-                    print(line, flush=True)
+                    print(f"DET round {r} d{d} s{s} causal{int(causal)} default {default:.3f}ms "
+                          f"deterministic {det:.3f}ms ratio {det / default:.3f}", flush=True)
 
 
 if __name__ == "__main__":

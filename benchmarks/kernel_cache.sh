@@ -46,9 +46,7 @@ case ${1:-} in
           $pc --headdim 64 128 --dtype bfloat16 --features sinks softcap both --passes fwd bwd bwd-det bwd-lse
           $pc --headdim 96 --dtype float16 --features sinks --passes fwd bwd-lse
           # ring attention's steps (benchmarks/ring_gpu.py, flashtile cp): no persistent grids
-          $pc --headdim 64 128 --dtype bfloat16 --features plain softcap --passes fwd-ring bwd-ring
-          # the ordered dQ adds (launch.ORDERED_DQ: tests/test_gpu_ordered_dq.py, det_ratio.py --ordered)
-          $pc --headdim 64 128 --dtype bfloat16 --features plain --passes bwd-ord;;
+          $pc --headdim 64 128 --dtype bfloat16 --features plain softcap --passes fwd-ring bwd-ring;;
         varlen)  # tests/test_gpu_varlen.py, flashtile bench --varlen
           $pc --headdim 64 128 192/128 256 --dtype bfloat16 --features plain --passes vfwd vbwd vbwd-lse vbwd-det
           $pc --headdim 128 --dtype bfloat16 --features sinks softcap both --passes vfwd vbwd vbwd-lse vbwd-det

@@ -159,31 +159,7 @@ def test_launch_structures_are_memoised_except_under_overrides(monkeypatch):
     monkeypatch.delitem(configs.overrides, "fwd")
     assert launch._forward_structure(*args) is first
     bwd = launch._backward_structures(64, 64, "bfloat16", False, False, True, "local", False)
-    assert bwd[3] == configs.bwd_config(64, 64, "bfloat16", "local", False) and bwd[2] is not None and bwd[4] is False
-
-
-def test_ordered_dq_routing(monkeypatch):
-    """``launch.ORDERED_DQ`` (off by default) takes deterministic, dense, causal backwards of the
-    hand-written dK/dV kernel to the ordered dQ adds: one tile per CTA, no dQ kernel, and a
-    semaphore per (batch entry, query head, query block) zeroed with the accumulator."""
-    assert not launch.ordered_dq_applies(True, (-1, 0), False), "off unless asked for"
-    monkeypatch.setattr(launch, "ORDERED_DQ", True)
-    assert launch.ordered_dq_applies(True, (-1, 0), False)
-    for det, window, varlen in ((False, (-1, 0), False), (True, (-1, -1), False), (True, (8, 0), False),
-                                (True, (-1, 0), True)):
-        assert not launch.ordered_dq_applies(det, window, varlen), (det, window, varlen)
-    prep, main, dq, cfg, ordered = launch._backward_structures(64, 64, "bfloat16", False, False, True, "local", False,
-                                                               132, False, True)
-    assert ordered and dq is None and not cfg.persistent and cfg.manual_ws
-    static = dict(main[2])
-    assert static["ordered_dq"] is True and static["with_dq"] is True and "num_sms" not in static
-    # Softcap and d = 256 keep the auto-pipelined kernel: the separate dQ kernel stays.
-    for dim, softcap in ((64, True), (256, False)):
-        st = launch._backward_structures(dim, dim, "bfloat16", softcap, False, True, "local", False, 132, False, True)
-        assert st[2] is not None and st[4] is False, (dim, softcap)
-    acc, sems = launch._dq_accumulator((2, 5, 3, 8), torch.device("cpu"), zeroed=True, tickets=2 * 3 * 3)
-    assert acc.shape == (2, 5, 3, 8) and sems.shape == (18,) and sems.dtype == torch.int32
-    assert not acc.any() and not sems.any()
+    assert bwd[3] == configs.bwd_config(64, 64, "bfloat16", "local", False) and bwd[2] is not None
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -70,22 +70,6 @@ def test_deterministic_backward_builds_without_atomics(dim, dim_v):
             assert atomic not in src, f"deterministic {what} uses {atomic}"
 
 
-@pytest.mark.parametrize("dim", [64, 128])
-def test_ordered_dq_backward_builds(dim, monkeypatch):
-    """The deterministic causal backward with ordered dQ adds (``launch.ORDERED_DQ``): one
-    kernel, the TMA reduce-add between the wait for its turn and the release, no dQ kernel."""
-    from flashtile.kernels import launch
-
-    monkeypatch.setattr(launch, "ORDERED_DQ", True)
-    _, main, dq = launch.backward_kernels(dim, dim, "bfloat16", has_softcap=False, has_dlse=False,
-                                          deterministic=True, window=(-1, 0))
-    assert dq is None, "ordered dQ adds: no separate dQ kernel"
-    src = main.get_kernel_source()
-    _assert_hopper(src, f"ordered dQ d={dim}")
-    wait, add, release = (src.find(x) for x in ("flashtile_wait_eq((", "tl::tma_store_add(dQacc", "flashtile_release_after_bulk(("))
-    assert 0 <= wait < add < release, f"ordered dQ d={dim}: wait, reduce-add, release out of order ({wait}, {add}, {release})"
-
-
 @pytest.mark.parametrize("has_sinks,has_softcap", [(True, False), (False, True), (True, True)])
 def test_feature_variants_build(has_sinks, has_softcap):
     from flashtile.kernels.launch import backward_kernels as get_backward_kernels

@@ -113,19 +113,16 @@ def key_tail_tests(m0, n0, block_m, block_n, last_col, mask):
     return interior, n0 + block_n > seq.len_k
 
 
-def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ordered_dq: bool = False):
+def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
     """The dK/dV kernels' PrimFunc, one argument list for both schedules (see
     ``attention_bwd_dkdv``): ``kernel`` is the schedule's T.macro, called with the arguments
     and a ``seqinfo.Sequences``.  Packed (varlen) batches: tensors (1, total, heads, dim),
     LSE2/Delta (1, H, Tqp) with sequence b's entries from ``packed_stats.stat_start`` (4-aligned
     starts: TMA loads them with the row innermost); CuQ, CuK, LenQ, LenK follow dV and
-    ``max_q``, ``max_k`` end the list (as ``fwd.forward_prim_func``).  ``Ticket`` is one int32
-    (the persistent schedule's counter), or with ``ordered_dq`` (dense only) one zeroed
-    semaphore per (batch entry, query head, query block) (``bwd_ws``'s ordered dQ adds)."""
+    ``max_q``, ``max_k`` end the list (as ``fwd.forward_prim_func``)."""
     acc = T.float32
     if not varlen:
         B, Sq, Sqp, Sk, H, Hkv = T.dynamic("B, Sq, Sqp, Sk, H, Hkv")
-        tickets = T.dynamic("NT") if ordered_dq else 1
 
         @T.prim_func
         def main(
@@ -138,7 +135,7 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, order
             dQacc: T.Tensor([B, Sq, H, dim], acc),
             dK: T.Tensor([B, Sk, Hkv, dim], dtype),
             dV: T.Tensor([B, Sk, Hkv, dim_v], dtype),
-            Ticket: T.Tensor([tickets], T.int32),
+            Ticket: T.Tensor([1], T.int32),
             score_scale: T.float32,
             sm_scale: T.float32,
             cap_in: T.float32,
@@ -150,7 +147,6 @@ def dkdv_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, order
 
         return main
 
-    assert not ordered_dq, "ordered dQ adds: dense batches only"
     Tq, Tqp, Tk, H, Hkv, Bc, Bn = T.dynamic("Tq, Tqp, Tk, H, Hkv, Bc, Bn")
 
     @T.prim_func

@@ -4,9 +4,7 @@
 ``bwd.attention_bwd_dkdv``; the tile table (``configs.bwd_config``, ``manual_ws=True``) picks
 it where it measured faster (H200 d=128: -9.5% time against the auto-pipelined kernel, -3..-6%
 more with dQ issued before dK).  ``attention_bwd_dq_ws`` (end of file) is the deterministic
-mode's dQ kernel (``configs.bwd_dq_config``).  With ``ordered_dq`` (a developer switch for
-causal masks, ``launch.ORDERED_DQ``; ``ORDERED_DQ_SOURCE`` below) the dQ writer adds in a
-fixed order instead, which makes the default kernel deterministic without that second kernel.
+mode's dQ kernel (``configs.bwd_dq_config``).
 
 Why by hand: under TileLang's automatic pipeliner a shared-memory stage is released right
 after the last GEMM *statement* that reads it, so the dV, dK and dQ GEMMs have to be
@@ -72,36 +70,10 @@ from tvm.script.ir_builder import IRBuilder
 
 from . import seqinfo
 from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients
-from .masks import TileMask, block_fully_visible, key_block_range, query_block_range, query_tile
+from .masks import TileMask, block_fully_visible, query_block_range, query_tile
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import grouped_tile
 from .target import PASS_CONFIGS, TARGET, WS_PASS_CONFIGS
-
-# The ordered dQ adds (``ordered_dq``: a deterministic backward in one kernel, FlashAttention-3's
-# scheme, for causal masks).  Each (batch entry, query head, query block) has a zeroed int32
-# semaphore counting the key blocks that have added their dQ tile to that query block.  Under a
-# causal mask the key blocks that see query block i are [0, hi), and key block bx reaches it at
-# step i - diag(bx) of its walk, so the later key blocks arrive first: the adds go last to first
-# (block bx waits until the count is hi - 1 - bx), which is the order they arrive in, so the
-# writer seldom waits, and the grid launches each row's key blocks last to first, so a CTA only
-# ever waits for CTAs launched before it (no deadlock whatever runs where).  The writer lane
-# waits for its turn (acquire), issues the TMA reduce-add, hands dq_s back once TMA has read it,
-# then waits for the reduce-add to land in memory (bulk wait without ``.read``), orders it
-# before its release (async-proxy fence) and counts itself in.  Every fp32 element then sees
-# its adds in one fixed order: bitwise reproducible, with no second kernel recomputing S and dP.
-ORDERED_DQ_SOURCE = r"""
-__device__ __forceinline__ void flashtile_wait_eq(int* flag, int value) {
-  int seen;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-  } while (seen != value);
-}
-__device__ __forceinline__ void flashtile_release_after_bulk(int* flag) {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(flag) : "memory");
-}
-"""
 
 FULL_ROW = T.GemmWarpPolicy.FullRow  # each consumer warpgroup owns 64 keys of the tile
 FULL_COL = T.GemmWarpPolicy.FullCol  # dQ has 64 query rows: the warpgroups split its columns
@@ -117,15 +89,12 @@ def named(**buffers):
     return SimpleNamespace(**buffers)
 
 
-def dense_key_tile(slot, key_blocks, Hkv, batch, rows_per_group, last_first: bool = False):
+def dense_key_tile(slot, key_blocks, Hkv, batch, rows_per_group):
     """(key block, kv head, batch entry) of a dense dK/dV grid's ``slot``, in registers: the
     grid walks ``rows_per_group`` (batch entry, kv head) rows key-block-major at a time
     (``configs.dkdv_rows_per_group``).  As expressions (divisions by a runtime group size) they
-    are re-derived at every use, and nvcc took 3.6x longer over the kernel at d=64.
-    ``last_first``: a row's key blocks last to first (the ordered dQ adds' launch order)."""
+    are re-derived at every use, and nvcc took 3.6x longer over the kernel at d=64."""
     block, row = grouped_tile(slot, key_blocks, Hkv * batch, rows_per_group)
-    if last_first:
-        block = key_blocks - 1 - block
     regs = named(bx=T.alloc_var(T.int32, init=block), hk=T.alloc_var(T.int32, init=row % Hkv),
                  b=T.alloc_var(T.int32, init=row // Hkv))
     return regs.bx, regs.hk, regs.b
@@ -168,14 +137,11 @@ def attention_bwd_dkdv_ws(
     dq_turns: bool = False,
     persistent: bool = False,
     num_sms: int = 132,
-    ordered_dq: bool = False,
 ):
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``.  ``dq_turns``: the two
     consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring).
     ``persistent``: ``num_sms`` CTAs walk the key tiles (see the module docstring), taking the
-    next tile from the zeroed counter Ticket.  ``ordered_dq``: a deterministic dQ for causal
-    masks (see ``ORDERED_DQ_SOURCE``); Ticket is then one zeroed semaphore per (batch entry,
-    query head, query block)."""
+    next tile from the zeroed counter Ticket."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
@@ -185,7 +151,6 @@ def attention_bwd_dkdv_ws(
     # A persistent CTA's dS^T buffer is safe across tiles only with turns (``empty_turn``); the
     # split dQ (d = 128) would need a second K/V buffer that does not fit shared memory anyway.
     assert not persistent or turns or not with_dq, "persistent: dQ by turns or no dQ"
-    assert not ordered_dq or (with_dq and not persistent and not varlen), "ordered dQ adds: dense, one tile per CTA"
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
 
     @T.macro
@@ -241,36 +206,20 @@ def attention_bwd_dkdv_ws(
                     T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
                     T.barrier_arrive(bars.do_full[st])
 
-    def ordered_add(order, h, m0):
-        """(address of the semaphore, its value when this CTA's turn comes) of query head ``h``'s
-        query block at row ``m0``.  The key blocks that see that block are ``[0, hi)`` under a
-        causal mask (``masks.key_block_range``, the exact inverse of the walk's
-        ``query_block_range`` there) and add last to first: block ``bx`` waits for ``hi - 1 - bx``."""
-        Ticket, b, bx, mask, H, n_qblocks = order
-        lo, count, _ = key_block_range(m0, block_m, block_n, mask)
-        slot = (b * H + h) * n_qblocks + m0 // block_m
-        return T.address_of(Ticket[slot]), lo + count - 1 - bx
-
     @T.macro
-    def write_steps(dQacc, sm, bars, seq, walk, dq_phase, order=None):
-        """The dQ writer warp: each step's dQ tile reduce-added into the fp32 accumulator
-        (``order``: ``ordered_add``'s (Ticket, b, bx, mask, H, query blocks of a row) for the
-        ordered adds)."""
+    def write_steps(dQacc, sm, bars, seq, walk, dq_phase):
+        """The dQ writer warp: each step's dQ tile reduce-added into the fp32 accumulator."""
         for i in T.serial(walk.n_pairs):
             for st in T.unroll(2):
                 t = i * 2 + st
                 if t < walk.n_steps:
                     h, m0 = walk.step(t)
                     T.barrier_wait(bars.dq_full, flip(st, dq_phase))  # one use per step: parity = t & 1
-                    if order is not None and T.get_thread_binding() == writer_lane0:
-                        T.call_extern("handle", "flashtile_wait_eq", *ordered_add(order, h, m0))
                     # Issued and waited for (TMA has read dq_s) by the warp's first lane.
                     # Rows past a packed sequence's end add exact zeros (masked P).
                     T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), sm.dq_s, use_tma=True)
                     if T.get_thread_binding() == writer_lane0:
                         T.barrier_arrive(bars.dq_empty)
-                        if order is not None:
-                            T.call_extern("handle", "flashtile_release_after_bulk", ordered_add(order, h, m0)[0])
 
     @T.macro
     def compute_steps(k_t, v_t, sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase):
@@ -397,9 +346,7 @@ def attention_bwd_dkdv_ws(
                 # rows_per_group: kv heads of a sequence walked together (``configs.head_group``).
                 bx, hk, b = seqs.tile(cta, block_n, Hkv, total, keys=True, head_group=rows_per_group)
             else:
-                bx, hk, b = dense_key_tile(cta, key_blocks, Hkv, seqs.batch, rows_per_group, last_first=ordered_dq)
-            if ordered_dq:
-                T.import_source(ORDERED_DQ_SOURCE)
+                bx, hk, b = dense_key_tile(cta, key_blocks, Hkv, seqs.batch, rows_per_group)
             # K and V stay for the whole CTA; after the last step they stage dK and dV.
             k_s = T.alloc_shared([block_n, dim], dtype)
             v_s = T.alloc_shared([block_n, dim_v], dtype)
@@ -423,13 +370,7 @@ def attention_bwd_dkdv_ws(
                 if tx < loader_end:
                     load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, 0)
                 elif with_dq and tx < writer_end:
-                    order = None
-                    if ordered_dq:
-                        # In a register: as an expression inside the semaphore's index, TVM's
-                        # simplifier divided by zero (TileLang 0.1.15).
-                        n_qblocks = T.alloc_var(T.int32, init=T.ceildiv(seq.len_q, block_m))
-                        order = (Ticket, b, bx, mask, H, n_qblocks)
-                    write_steps(dQacc, sm, bars, seq, walk, 0, order)
+                    write_steps(dQacc, sm, bars, seq, walk, 0)
             else:
                 T.set_max_nreg(240, 1)
                 T.clear(fr.dk)
@@ -570,7 +511,7 @@ def attention_bwd_dkdv_ws(
                         dq_phase = dq_phase ^ (walk.n_steps & 1)
                         tiles = tiles + 1
 
-    return dkdv_prim_func(dim, dim_v, dtype, varlen, persistent_kernel if persistent else kernel, ordered_dq)
+    return dkdv_prim_func(dim, dim_v, dtype, varlen, persistent_kernel if persistent else kernel)
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -217,41 +216,20 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
 # --- backward -------------------------------------------------------------------------------
 
 
-# Developer switch, off by default (issue 19 item 5; not yet run on a GPU): a deterministic
-# backward under a causal mask adds dQ in a fixed order inside the hand-written dK/dV kernel
-# (``bwd_ws.ORDERED_DQ_SOURCE``) instead of running the separate dQ kernel, which recomputes S
-# and dP (seven GEMMs a block pair against five).  FLASHTILE_DET_ORDERED=1, or set
-# ``launch.ORDERED_DQ`` (``benchmarks/det_ratio.py --ordered``); part of the structure memo key.
-ORDERED_DQ = os.environ.get("FLASHTILE_DET_ORDERED", "0") == "1"
-
-
-def ordered_dq_applies(deterministic: bool, window, varlen: bool) -> bool:
-    """Whether a backward call takes the ordered dQ adds (``ORDERED_DQ``): deterministic, dense,
-    causal (left unbounded, right 0: the order the adds arrive in is then known)."""
-    return ORDERED_DQ and deterministic and not varlen and tuple(window) == (-1, 0)
-
-
 def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dlse: bool, deterministic: bool,
                      window=(-1, -1), varlen: bool = False, num_sms: int = 132, share_sms: bool = False):
     """(preprocess, dK/dV main, deterministic dQ or None) compiled for one static structure
     (``share_sms``: ``configs.sharing_sms``)."""
     structures = _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic,
-                                      configs.mask_kind(window), varlen, num_sms, share_sms,
-                                      ordered_dq_applies(deterministic, window, varlen))
-    return _backward_kernels_of(structures)
-
-
-def _backward_kernels_of(structures: tuple) -> tuple:
-    """The compiled (preprocess, dK/dV main, dQ or None) of ``_backward_structures``' result."""
+                                      configs.mask_kind(window), varlen, num_sms, share_sms)
     return tuple(None if st is None else cache.get_static(*st) for st in structures[:3])
 
 
 @_memoised
 def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic, kind, varlen, num_sms=132,
-                         share_sms=False, ordered=False):
+                         share_sms=False):
     """``cache.structure`` of (preprocess, dK/dV main, dQ or None), then the main kernel's
-    ``BwdConfig``, then whether the main kernel adds dQ in order (``ordered``, asked for by
-    ``ordered_dq_applies``, and the table's kernel is the hand-written one: then no dQ kernel)."""
+    ``BwdConfig``."""
     from .cache import BuilderRef, structure
 
     attention_bwd_preprocess = BuilderRef("bwd_preprocess.attention_bwd_preprocess")
@@ -264,30 +242,24 @@ def _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic
     # A packed step's rows past its sequence get P = 0 from the statistics padding only if
     # the padding covers the whole query block (``packed_stats.STAT_PAD``).
     assert not varlen or cfg.block_m <= packed_stats.STAT_PAD, f"backward query block {cfg.block_m} > packed_stats.STAT_PAD"
-    ordered = ordered and cfg.manual_ws
-    if ordered:  # one key block per CTA, launched last to first (``bwd_ws.ORDERED_DQ_SOURCE``)
-        cfg = configs.sharing_sms(cfg)
-        return prep, structure(configs.builder(cfg), cfg, with_dq=True, ordered_dq=True, **static), None, cfg, True
     extra = {"num_sms": num_sms} if cfg.persistent else {}
     main = structure(configs.builder(cfg), cfg, with_dq=not deterministic, **static, **extra)
     dq = None
     if deterministic:
         dq_cfg = configs.bwd_dq_config(dim, dim_v, dtype, has_softcap)
         dq = structure(configs.builder(dq_cfg), dq_cfg, **static)
-    return prep, main, dq, cfg, False
+    return prep, main, dq, cfg
 
 
-def _dq_accumulator(shape, device, zeroed: bool, tickets: int = 1):
-    """(dQ's fp32 accumulator, the dK/dV kernel's ``tickets`` int32 counters, zero).  Default mode:
-    both from one zero fill (the counters in 16-byte units past the accumulator), so the
-    persistent schedule's counter (one) or the ordered dQ adds' semaphores (one per batch entry,
-    query head and query block) cost no launch; the separate-kernel deterministic mode never
-    touches the accumulator."""
+def _dq_accumulator(shape, device, zeroed: bool):
+    """(dQ's fp32 accumulator, the dK/dV kernel's int32 ticket counter (1,), zero).  Default mode:
+    both from one zero fill (the counter in 16 bytes past the accumulator), so the persistent
+    schedule's counter costs no launch; deterministic mode never touches the accumulator."""
     if not zeroed:
-        return torch.empty(shape, dtype=torch.float32, device=device), torch.zeros(tickets, dtype=torch.int32, device=device)
+        return torch.empty(shape, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int32, device=device)
     n = math.prod(shape)
-    flat = torch.zeros(n + -(-tickets // 4) * 4, dtype=torch.float32, device=device)
-    return flat[:n].view(shape), flat[n : n + tickets].view(torch.int32)
+    flat = torch.zeros(n + 4, dtype=torch.float32, device=device)
+    return flat[:n].view(shape), flat[n : n + 1].view(torch.int32)
 
 
 def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window, softcap, deterministic,
@@ -329,11 +301,8 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
 
     varlen = packed is not None
     num_sms = target.sm_count(q.device)
-    kind = configs.mask_kind(window)
-    structures = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen,
-                                      num_sms, share_sms, ordered_dq_applies(deterministic, window, varlen))
-    prep, dkdv, dq_kernel = _backward_kernels_of(structures)
-    main_cfg, ordered = structures[3:]
+    prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
+                                             num_sms, share_sms)
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
     if varlen:  # each sequence's statistics start 16-byte aligned, padding after (packed_stats.stat_start)
         delta = torch.zeros(1, h, packed_stats.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
@@ -347,19 +316,21 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     left, right = host_window(window)
     score_scale, cap_in = _scores(softmax_scale, softcap)
     scalars = (score_scale, softmax_scale, cap_in, left, right)
+    kind = configs.mask_kind(window)
     if varlen:  # kv heads of a sequence walked together (a query head group's worth of K/V)
         rows = max(1, configs.head_group(max(d, dv_), kind) // (h // hkv))
     else:
+        main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen, num_sms,
+                                        share_sms)[3]
         rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, -(-sk // main_cfg.block_n), num_sms)
     seq_args = packed.tensors() if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
     tensors = (lead(q), lead(k), lead(v), lead(dout), lse2, delta)
-    tickets = b * h * -(-sq // main_cfg.block_m) if ordered else 1
-    dq_acc, ticket = _dq_accumulator(lead(q).shape, q.device, zeroed=ordered or not deterministic, tickets=tickets)
+    dq_acc, ticket = _dq_accumulator(lead(q).shape, q.device, zeroed=not deterministic)
     # Ticket follows dV (dense) or the packed sequence tensors (``bwd.dkdv_prim_func``).
     ticket_at = (*seq_args, ticket) if varlen else (ticket,)
     dkdv(*tensors, dq_acc, lead(dk), lead(dv), *ticket_at, *scalars, rows, *max_args)
-    if dq_kernel is not None:
+    if deterministic:
         dq_kernel(*tensors, lead(dq), *seq_args, *scalars, *max_args)
     else:
         lead(dq).copy_(dq_acc)  # postprocess: fp32 accumulator -> input dtype

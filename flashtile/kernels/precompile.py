@@ -25,10 +25,9 @@ FEATURES = {"plain": (False, False), "sinks": (True, False), "softcap": (False, 
 # decode: the KV-cache split-KV decode kernel, its combine kernel and the append kernels;
 # decode-fp8: the same over a float8_e4m3fn cache; fwd-ring / bwd-ring / vbwd-ring: the dense
 # and packed kernels as ring attention's steps run them, beside the transfers
-# (``configs.sharing_sms``); bwd-ord: the deterministic causal backward with ordered dQ adds
-# (``launch.ORDERED_DQ``, a developer switch).
+# (``configs.sharing_sms``).
 PASSES = ("fwd", "bwd", "bwd-det", "bwd-lse", "vfwd", "vbwd", "vbwd-det", "vbwd-lse", "fwd8", "vfwd8", "decode",
-          "decode-fp8", "fwd-ring", "bwd-ring", "vbwd-ring", "bwd-ord")
+          "decode-fp8", "fwd-ring", "bwd-ring", "vbwd-ring")
 
 
 def structures(headdims, dtypes, features, passes=PASSES):
@@ -55,10 +54,6 @@ def structures(headdims, dtypes, features, passes=PASSES):
             yield p, kw
             if configs.has_short_row(dim, dim_v, varlen, fp8=True):  # the short-sequence row too
                 yield p, {**kw, "short": True}
-        elif base == "bwd-ord":
-            if not has_sinks and not varlen:
-                yield p, dict(dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=False,
-                              deterministic=True, window=(-1, 0))
         elif not has_sinks:  # sinks do not change the backward kernels
             yield p, dict(
                 dim=dim, dim_v=dim_v, dtype=dtype, has_softcap=has_softcap, has_dlse=base == "bwd-lse",
@@ -88,14 +83,6 @@ def build(p: str, kwargs: dict) -> str:
 
         forward_kernel(**kwargs)
         get_kernel(kwargs["dim_v"], kwargs["varlen"])
-    elif p == "bwd-ord":
-        from . import launch
-
-        saved, launch.ORDERED_DQ = launch.ORDERED_DQ, True
-        try:
-            backward_kernels(**kwargs)
-        finally:
-            launch.ORDERED_DQ = saved
     else:
         forward_kernel(**kwargs) if "fwd" in p else backward_kernels(**kwargs)
     return f"{p:8s} {kwargs} {time.time() - t:.1f}s"
