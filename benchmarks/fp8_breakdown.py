@@ -1,7 +1,10 @@
 """Where an FP8 forward call's time goes (device tool): the V^T pre-pass kernel, the attention
 kernel alone, the whole call (GPU time, L2 not cleared), and the host time per call.
 
-    python3 benchmarks/fp8_breakdown.py --headdim 128 256 --seqlen 1024 4096
+    python3 benchmarks/fp8_breakdown.py --headdim 128 256 --seqlen 1024 4096 [--profile-small]
+
+``--profile-small``: torch.profiler's table (host and GPU time per op) of the small call whose
+host time the last two columns report, once per head dim.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def main() -> None:
     ap.add_argument("--headdim", type=int, nargs="*", default=[128, 256])
     ap.add_argument("--seqlen", type=int, nargs="*", default=[1024, 4096])
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--profile-small", action="store_true", help="torch.profiler table of the small FP8 call")
     a = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}; us per call; batch = 16k / seqlen, heads = 2048 / d")
     print("| d | seqlen | V^T pre-pass | attention kernel | whole call (GPU) | bf16 call | host per FP8 call | host per bf16 call |")
@@ -56,6 +60,22 @@ def main() -> None:
             h8 = per_call_us(lambda: flashtile.flash_attn_func(sq, sk, sv, causal=a.causal, q_descale=hd[0], k_descale=hd[1], v_descale=hd[2]))
             h16 = per_call_us(lambda: flashtile.flash_attn_func(tq, tk, tv, causal=a.causal))
             print(f"| {d} | {s} | {t_vt:.0f} | {t_k:.0f} | {t_call:.0f} | {t_bf16:.0f} | {h8:.0f} | {h16:.0f} |", flush=True)
+            if a.profile_small and s == a.seqlen[-1]:
+                profile_small(lambda: flashtile.flash_attn_func(sq, sk, sv, causal=a.causal, q_descale=hd[0],
+                                                                k_descale=hd[1], v_descale=hd[2]), d)
+
+
+def profile_small(call, d: int, n: int = 50) -> None:
+    """Host and GPU time per op of ``n`` small FP8 calls (where the host time per call goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+    print(f"# small FP8 call, d = {d}, {n} calls (totals)")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
 
 
 if __name__ == "__main__":
