@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call a (twenty-ninth session, H100): where a small FP8 call's 100-180 us of host time goes
+# Call a (twenty-ninth session; written for an H100, ran on an H200 when none came): where a small FP8 call's 100-180 us of host time goes
 # (torch.profiler), then the verification routine after the ordered dQ removal: the whole GPU
 # suite, the dense bench (fwd + bwd, bf16 and FP8, two rounds, vs cuDNN and flash SDPA) and the
 # decode bench (bf16 and FP8 caches, % of the read bandwidth measured in the same run).
