@@ -222,6 +222,11 @@ def backward_kernels(dim: int, dim_v: int, dtype: str, has_softcap: bool, has_dl
     (``share_sms``: ``configs.sharing_sms``)."""
     structures = _backward_structures(dim, dim_v, dtype, has_softcap, has_dlse, deterministic,
                                       configs.mask_kind(window), varlen, num_sms, share_sms)
+    return _backward_kernels_of(structures)
+
+
+def _backward_kernels_of(structures: tuple) -> tuple:
+    """The compiled (preprocess, dK/dV main, dQ or None) of ``_backward_structures``' result."""
     return tuple(None if st is None else cache.get_static(*st) for st in structures[:3])
 
 
@@ -301,8 +306,12 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
 
     varlen = packed is not None
     num_sms = target.sm_count(q.device)
-    prep, dkdv, dq_kernel = backward_kernels(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, window, varlen,
-                                             num_sms, share_sms)
+    kind = configs.mask_kind(window)
+    # One structure lookup per call: the kernels and the main kernel's tile config come from it.
+    structures = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen,
+                                      num_sms, share_sms)
+    prep, dkdv, dq_kernel = _backward_kernels_of(structures)
+    main_cfg = structures[3]
     dlse_arg = lead(dlse.contiguous() if dlse is not None else lse)
     if varlen:  # each sequence's statistics start 16-byte aligned, padding after (packed_stats.stat_start)
         delta = torch.zeros(1, h, packed_stats.stat_rows(sq, packed.batch), dtype=torch.float32, device=q.device)
@@ -316,12 +325,9 @@ def launch_backward(dout, dlse, q, k, v, out, lse, sinks, softmax_scale, window,
     left, right = host_window(window)
     score_scale, cap_in = _scores(softmax_scale, softcap)
     scalars = (score_scale, softmax_scale, cap_in, left, right)
-    kind = configs.mask_kind(window)
     if varlen:  # kv heads of a sequence walked together (a query head group's worth of K/V)
         rows = max(1, configs.head_group(max(d, dv_), kind) // (h // hkv))
     else:
-        main_cfg = _backward_structures(d, dv_, dtype, softcap > 0, dlse is not None, deterministic, kind, varlen, num_sms,
-                                        share_sms)[3]
         rows = configs.dkdv_rows_per_group(kind, h // hkv, b * hkv, -(-sk // main_cfg.block_n), num_sms)
     seq_args = packed.tensors() if varlen else ()
     max_args = (packed.max_q, packed.max_k) if varlen else ()
