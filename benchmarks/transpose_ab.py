@@ -9,6 +9,10 @@ absolute), that one, each replayed from a CUDA graph
 tokens x 2048 / d heads as ``fp8_breakdown.py``; checks the two outputs are bitwise equal.
 ``--precompile`` builds both (no GPU needed).  The fourteenth session's word-wise variant
 measured 1.2-2x slower than the byte-wise kernel this way (NOTES).
+
+``--variants 128x128 128x256`` also times the current kernel built with other tiles (keys per
+CTA x threads, ``transpose_v_kernel``'s ``block`` and ``threads``), each checked bitwise
+against the default launcher's output.
 """
 
 from __future__ import annotations
@@ -26,12 +30,21 @@ def load_old(path):
     return mod
 
 
+def variant_kernel(module, d: int, block: int, threads: int):
+    """``module``'s dense pre-pass for head dim ``d`` built with ``block`` keys per CTA and ``threads``."""
+    from flashtile.kernels import cache
+
+    return cache.get(module.transpose_v_kernel, dim_v=d, varlen=False, block=block, threads=threads)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", default=None)
     ap.add_argument("--headdim", type=int, nargs="*", default=[64, 128, 256])
+    ap.add_argument("--variants", nargs="*", default=[], help="BLOCKxTHREADS tiles of the current kernel")
     ap.add_argument("--precompile", action="store_true")
     a = ap.parse_args()
+    variants = [tuple(int(x) for x in v.split("x")) for v in a.variants]
     from flashtile.bench_decode import bench_graph
     from flashtile.kernels import debug
     from flashtile.kernels import transpose_v as new
@@ -40,6 +53,8 @@ def main() -> None:
     if a.precompile:
         for d in a.headdim:
             new.get_kernel(d, False)
+            for block, threads in variants:
+                variant_kernel(new, d, block, threads)
             if old:
                 old.get_kernel(d, False)
         return
@@ -61,6 +76,19 @@ def main() -> None:
             assert torch.equal(vt_new.view(torch.int8), vt_old.view(torch.int8)), f"d={d}: the two V^T differ"
             row += f" {t_old:.1f} | {mb * 1e3 / t_old:.0f} |"
         print(row, flush=True)
+        for block, threads in variants:
+            kernel = variant_kernel(new, d, block, threads)
+
+            def launch():
+                vt = debug.new_output((1, h, d, new.padded_keys(s)), v.dtype, v.device)
+                kernel(v, new.grouped(vt))
+                return vt
+
+            t = bench_graph(launch) * 1e6
+            with debug.poison():
+                same = torch.equal(launch().view(torch.int8), new.launch_transpose_v(v).view(torch.int8))
+            print(f"| {d} | {mb:.1f} | {block} keys x {threads} threads: {t:.1f} | {mb * 1e3 / t:.0f} | "
+                  f"{'bitwise equal' if same else 'DIFFERS'} | |", flush=True)
 
 
 if __name__ == "__main__":
