@@ -4,10 +4,7 @@ kernel alone, the whole call (GPU time, L2 not cleared), and the host time per c
     python3 benchmarks/fp8_breakdown.py --headdim 128 256 --seqlen 1024 4096 [--profile-small]
 
 ``--profile-small``: torch.profiler's table (host and GPU time per op) of the small call whose
-host time the last two columns report, once per head dim.  Where the kernel makes V^T itself
-(``configs.FwdConfig.v_in_kernel``, marked ``*``) the attention kernel is timed on raw V and the
-call runs no pre-pass; its V^T column is what the pre-pass would cost.  ``--ab`` adds the whole
-call with the pre-pass forced (``configs.FP8_PREPASS``), timed in turn with the default: A/B/A/B.
+host time the last two columns report, once per head dim.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from triton.testing import do_bench
 
 import flashtile
 from flashtile import fp8
-from flashtile.kernels import cache, configs, launch, operands
+from flashtile.kernels import configs, launch, operands
 from flashtile.kernels.masks import host_window
 from flashtile.kernels.softmax import LOG2E
 from flashtile.kernels.transpose_v import launch_transpose_v
@@ -32,7 +29,6 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, nargs="*", default=[1024, 4096])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--profile-small", action="store_true", help="torch.profiler table of the small FP8 call")
-    ap.add_argument("--ab", action="store_true", help="also the call with the V^T pre-pass forced, A/B/A/B")
     a = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}; us per call; batch = 16k / seqlen, heads = 2048 / d")
     print("| d | seqlen | V^T pre-pass | attention kernel | whole call (GPU) | bf16 call | host per FP8 call | host per bf16 call |")
@@ -44,20 +40,17 @@ def main() -> None:
             q8, k8, v8, qd, kd, vd = fp8.quantize_qkv(q, k, v)
             window = (-1, 0) if a.causal else (-1, -1)
             vt = launch_transpose_v(v8)
-            structure = launch.forward_structure(d, d, "float8_e4m3fn", False, False, window, False, 132, "bfloat16",
-                                                 configs.short_forward(d, d, s, s, fp8=True))  # the row the call takes
-            kern, in_kernel = cache.get_static(*structure), structure[1].v_in_kernel
+            kern = launch.forward_kernel(d, d, "float8_e4m3fn", False, False, window, False, 132, "bfloat16",
+                                         configs.short_forward(d, d, s, s, fp8=True))  # the row the call takes
             out = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
             params = operands.params(torch.zeros(h, device="cuda"), qd, kd, vd)
             left, right = host_window(window)
             scal = (d ** -0.5 * LOG2E, 0.0, left, right, configs.head_group(d, configs.mask_kind(window)))  # as launch.forward
             t_vt = do_bench(lambda: launch_transpose_v(v8), warmup=20, rep=100, return_mode="median") * 1e3
-            v_arg = v8 if in_kernel else vt
-            t_k = do_bench(lambda: kern(q8, k8, v_arg, out, lse, params, *scal), warmup=20, rep=100, return_mode="median") * 1e3
+            t_k = do_bench(lambda: kern(q8, k8, vt, out, lse, params, *scal), warmup=20, rep=100, return_mode="median") * 1e3
             call = lambda: flashtile.flash_attn_func(q8, k8, v8, causal=a.causal, q_descale=qd, k_descale=kd, v_descale=vd)
             t_call = do_bench(call, warmup=20, rep=100, return_mode="median") * 1e3
-            ab = ab_times(call) if a.ab else None
             t_bf16 = do_bench(lambda: flashtile.flash_attn_func(q, k, v, causal=a.causal), warmup=20, rep=100,
                               return_mode="median") * 1e3
             small = [x[:1, :128, :2].contiguous() for x in (q8, k8, v8)]
@@ -68,29 +61,9 @@ def main() -> None:
                                                           v_descale=hd[2])
             h8 = per_call_us(small_fp8)
             h16 = per_call_us(lambda: flashtile.flash_attn_func(tq, tk, tv, causal=a.causal))
-            print(f"| {d} | {s} | {t_vt:.0f}{' *' if in_kernel else ''} | {t_k:.0f} | {t_call:.0f} | {t_bf16:.0f} | {h8:.0f} | "
-                  f"{h16:.0f} |", flush=True)
-            if ab:
-                print(f"|   | A/B/A/B whole call: default {ab[0]:.0f} / {ab[2]:.0f}, pre-pass forced {ab[1]:.0f} / {ab[3]:.0f}; "
-                      f"bf16 / default {t_bf16 / min(ab[0], ab[2]):.2f}x, bf16 / pre-pass {t_bf16 / min(ab[1], ab[3]):.2f}x |",
-                      flush=True)
+            print(f"| {d} | {s} | {t_vt:.0f} | {t_k:.0f} | {t_call:.0f} | {t_bf16:.0f} | {h8:.0f} | {h16:.0f} |", flush=True)
             if a.profile_small and s == a.seqlen[-1]:
                 profile_small(small_fp8, d)
-
-
-def ab_times(call) -> list[float]:
-    """The whole call's GPU time (us) with the default structures, with the V^T pre-pass forced
-    (``configs.FP8_PREPASS``), then both again."""
-    times, default = [], configs.FP8_PREPASS
-    for prepass in (default, True, default, True):
-        configs.FP8_PREPASS = prepass
-        launch._forward_structure.cache_clear()
-        try:
-            times.append(do_bench(call, warmup=20, rep=100, return_mode="median") * 1e3)
-        finally:
-            configs.FP8_PREPASS = default
-            launch._forward_structure.cache_clear()
-    return times
 
 
 def profile_small(call, d: int, n: int = 50) -> None:

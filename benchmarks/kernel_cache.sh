@@ -58,10 +58,8 @@ case ${1:-} in
           $pc --headdim 64 128 192/128 256 40 80/72 --dtype bfloat16 --features plain --passes fwd8
           $pc --headdim 128 --dtype bfloat16 float16 --features plain sinks softcap both --passes fwd8
           $pc --headdim 64 128 256 --dtype bfloat16 --features plain --passes vfwd8
-          # d = 256 makes V^T in the kernel: its feature and output-dtype cases, and the
-          # pre-pass build the bitwise A/B test compares it with (FLASHTILE_FP8_PREPASS)
+          # tests/test_gpu_fp8.py's d = 256 cases with every feature and an fp16 output
           $pc --headdim 256 --dtype bfloat16 float16 --features plain both --passes fwd8
-          FLASHTILE_FP8_PREPASS=1 $pc --headdim 256 --dtype bfloat16 --features plain --passes fwd8
           $pc --headdim 128 --dtype bfloat16 --features both --passes vfwd8;;
         decode)  # tests/test_gpu_kvcache.py, benchmarks/decode_bench.py
           $pc --headdim 64 128 192/128 --features plain sinks softcap both --passes decode

@@ -407,27 +407,6 @@ def test_cuda_fp8_dispatches_to_the_fp8_kernel(monkeypatch):
     assert calls[0][1][3] == torch.float16 and calls[1][1][3] is None and all(c[1][0] is qd for c in calls)
 
 
-@pytest.mark.parametrize("d,prepass", [(256, False), (128, True), (64, True)])
-def test_fp8_prepass_only_where_the_kernel_does_not_transpose(d, prepass, monkeypatch):
-    """The launcher runs the V^T pre-pass only for FP8 structures whose kernel does not make V^T
-    itself (``configs.FwdConfig.v_in_kernel``: d = 256, dense), and hands the kernel raw V
-    otherwise.  Kernels stubbed; CPU tensors."""
-    from flashtile.kernels import cache, configs, launch, operands, target, transpose_v
-
-    monkeypatch.setattr(target, "sm_count", lambda device: 132)
-    seen = []
-    monkeypatch.setattr(cache, "get_static", lambda *structure: lambda *args: seen.append(("kernel", tuple(args[2].shape))))
-    monkeypatch.setattr(transpose_v, "launch_transpose_v",
-                        lambda v, packed=None: (seen.append(("prepass",)), operands.transpose_v(v))[1])
-    q, k, v = (torch.randn(1, 33, 2, d).to(E4M3) for _ in range(3))
-    qd = kd = vd = torch.ones(1, 2)
-    launch.launch_forward(q, k, v, None, 0.1, (-1, -1), 0.0, fp8=(qd, kd, vd, None))
-    v_shape = (1, 2, d, operands.padded_keys(33)) if prepass else (1, 33, 2, d)
-    assert seen == [("prepass",)] * prepass + [("kernel", v_shape)], f"d={d}: {seen}"
-    assert configs.fp8_fwd_config(d, d).v_in_kernel == (not prepass)
-    assert not configs.fp8_fwd_config(d, d, varlen=True).v_in_kernel, "packed batches keep the pre-pass"
-
-
 def test_compile_fullgraph_fp8():
     q8, k8, v8, qd, kd, vd = _fp8_inputs(s=9)
     cu = torch.tensor([0, 9, 18], dtype=torch.int32)

@@ -70,8 +70,8 @@ DENSE = [
     C(d=64, dv=64, sq=300, sk=700, causal=True, h=8, hkv=2),
     C(d=256, dv=256, sq=333, sk=333, causal=True),
     C(d=256, dv=256, sq=129, sk=1000),
-    # d = 256 dense makes V^T in the kernel (``pipeline.kv_pipeline_transposing``): one key,
-    # a partial last block, both raw stages cycled many times, GQA, every mask feature.
+    # d = 256: one key, a partial last key block, many blocks through both ring stages, GQA,
+    # every mask feature, fp16 output.
     C(d=256, dv=256, sq=1, sk=1),
     C(b=1, d=256, dv=256, sq=4096, sk=4096, causal=True, h=2, hkv=2),
     C(b=2, d=256, dv=256, sq=300, sk=777, h=8, hkv=2, causal=True, window=(200, -1), sinks=True, softcap=25.0),
@@ -202,35 +202,6 @@ def test_fp8_kernel_roundings_add_little_to_input_quantization(gen):
         rms = (out - ref).pow(2).mean().sqrt().item()
         rms_inputs = (dequantized - ref).pow(2).mean().sqrt().item()
         assert rms <= 1.5 * rms_inputs, f"window {window}: kernel RMS error {rms:.3g} > 1.5 x input quantization's {rms_inputs:.3g}"
-
-
-def test_fp8_in_kernel_transpose_matches_prepass(gen):
-    """d = 256, dense: the kernel that makes V^T itself (``configs.FwdConfig.v_in_kernel``) and
-    the one reading the pre-pass's V^T multiply the same bytes in the same order, so their
-    outputs and lse agree bit for bit (GQA, causal, a partial last key block)."""
-    from flashtile.kernels import configs, launch
-
-    q, k, v = (torch.randn(2, s, h, 256, generator=gen) for s, h in ((700, 4), (1333, 2), (1333, 2)))
-    dev = [x.cuda() for x in fp8.quantize_qkv(q, k, v)]
-
-    def call():
-        with debug.poison():
-            return flash_attn_func(*dev[:3], causal=True, q_descale=dev[3], k_descale=dev[4], v_descale=dev[5],
-                                   return_lse=True)
-
-    assert launch.forward_structure(256, 256, "float8_e4m3fn", False, False, (-1, 0))[1].v_in_kernel
-    out, lse = call()
-    old = configs.FP8_PREPASS
-    try:
-        configs.FP8_PREPASS = True
-        launch._forward_structure.cache_clear()
-        assert not launch.forward_structure(256, 256, "float8_e4m3fn", False, False, (-1, 0))[1].v_in_kernel
-        out_pre, lse_pre = call()
-    finally:
-        configs.FP8_PREPASS = old
-        launch._forward_structure.cache_clear()
-    assert torch.equal(out, out_pre), "in-kernel V^T and the pre-pass disagree (out)"
-    assert torch.equal(lse, lse_pre), "in-kernel V^T and the pre-pass disagree (lse)"
 
 
 @pytest.mark.parametrize("sk,dv", [(1, 128), (17, 64), (64, 128), (100, 80), (33, 48), (4097, 256)])

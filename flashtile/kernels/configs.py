@@ -41,11 +41,9 @@ class FwdConfig:
     tiles_per_cta: int = 1  # hand-written only: 1 one tile, 2 a pair of tiles, 0 persistent pairs
     skip_rescale: bool = False  # hand-written only: O *= alpha only in warps where a row's max moved (fwd_ws.rescaler)
     defer_sum: bool = False  # hand-written only: per-thread partial row sums, one all-reduce per tile (softmax.online_softmax)
-    v_in_kernel: bool = False  # hand-written FP8 only: V^T made by the producer warpgroup, no pre-pass (pipeline.kv_pipeline_transposing)
 
     def as_kwargs(self) -> dict:
-        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale",
-                                                                  "defer_sum", "v_in_kernel")
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale", "defer_sum")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property
@@ -277,14 +275,7 @@ def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = Fal
     if widest <= 128:
         return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
                          tiles_per_cta=1 if varlen else 0)
-    # d = 256, dense: V^T made in the kernel (``v_in_kernel``) instead of by the pre-pass.
-    return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
-                     v_in_kernel=not varlen and (dim, dim_v) == (256, 256) and not FP8_PREPASS)
-
-
-# Developer switch (``FLASHTILE_FP8_PREPASS=1``): every FP8 forward takes the V^T pre-pass, as
-# before the in-kernel transpose (A/B and fallback).
-FP8_PREPASS = os.environ.get("FLASHTILE_FP8_PREPASS", "") == "1"
+    return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
 
 
 def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap: bool = False,

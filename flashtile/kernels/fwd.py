@@ -91,7 +91,7 @@ def attention_fwd_kernel(
     return forward_prim_func(dim, dim_v, dtype, varlen, kernel, out_dtype)
 
 
-def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, out_dtype: str = None, raw_v: bool = False):
+def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, out_dtype: str = None):
     """The forward's PrimFunc, one argument list for every schedule; ``kernel`` is the
     schedule's T.macro ``kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs)``
     with ``seqs`` a ``seqinfo.Sequences``.
@@ -109,16 +109,13 @@ def forward_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel, ou
 
     FP8 (``dtype`` float8_e4m3fn, ``operands``): V is V^T, dense (B, Hkv, dim_v, keys padded to
     16) and packed (1, Hkv, dim_v, columns); O is ``out_dtype``; Sinks carries the descales
-    after the sinks (``operands.params``).  ``raw_v`` (dense FP8 whose kernel transposes V
-    itself, ``fwd_ws``'s ``v_in_kernel``): V as it sits in memory, (B, Sk, Hkv, dim_v).
+    after the sinks (``operands.params``).
     """
     acc = T.float32
     ops = Operands(dtype, out_dtype)
     if not varlen:
         B, Sq, Sk, H, Hkv = T.dynamic("B, Sq, Sk, H, Hkv")
         v_shape = ops.v_tensor(B, T.dynamic("Skv") if ops.fp8 else Sk, Hkv, dim_v)
-        if raw_v:
-            v_shape = [B, Sk, Hkv, dim_v]
         n_params = T.dynamic("NP") if ops.fp8 else H
 
         @T.prim_func

@@ -41,7 +41,7 @@ from . import seqinfo
 from .fwd import forward_prim_func
 from .masks import TileMask, pipelined_trips, query_tile
 from .operands import Operands, tile_scales
-from .pipeline import CONSUMERS_SYNC, fp8_transpose_fits, kv_pipeline_barriers, kv_pipeline_producer, kv_pipeline_transposing
+from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import tile_pair
 from .softmax import online_softmax, row_parts_layout, row_weights, tile_fragments
 from .target import PASS_CONFIGS, TARGET, WS_PASS_CONFIGS
@@ -124,7 +124,6 @@ def fwd_ws_prim_func(
     out_dtype: str = None,
     skip_rescale: bool = False,
     defer_sum: bool = False,
-    v_in_kernel: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
@@ -132,22 +131,17 @@ def fwd_ws_prim_func(
     per SM of the device, walk all pairs).  ``skip_rescale``: a warp whose rows all kept their max
     skips ``O *= alpha`` (``rescaler``).  ``defer_sum``: ``online_softmax``'s (per-thread partial
     row sums, one all-reduce per tile).  Packed (``varlen``) batches take the one-tile
-    schedule: the pairs mirror blocks of one row, which needs every row's block count.
-    ``v_in_kernel`` (FP8, dense, one tile per CTA, 128 x 256 V tiles): V comes as it sits in
-    memory and the producer warpgroup makes V^T (``pipeline.kv_pipeline_transposing``); its two
-    raw stages share the output tile's shared memory, which is free until the epilogue."""
+    schedule: the pairs mirror blocks of one row, which needs every row's block count."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     ops = Operands(dtype, out_dtype)
-    assert not v_in_kernel or (ops.fp8 and tiles_per_cta == 1 and not varlen and fp8_transpose_fits(block_n, dim_v)
-                               and block_n <= block_m), "in-kernel V^T: FP8, dense, one tile per CTA, 128 x 256 V tiles"
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum)
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
-    load_kv = kv_pipeline_transposing(block_n, dim_v) if v_in_kernel else kv_pipeline_producer(block_n, ops)
+    load_kv = kv_pipeline_producer(block_n, ops)
     take_turn, pass_turn = gemm_turns(pingpong, n_wg)
     # Tiles end at the sequence's end (``query_tile``) where that saves key blocks: with
     # block_m == block_n both alignments visit the same blocks, and the clamp costs the paired
@@ -208,18 +202,6 @@ def fwd_ws_prim_func(
             v_s = T.alloc_shared(v_ring, dtype)
             # Q is dead after the last S GEMM: its tile holds the output when shapes agree.
             o_s = q_s if dim_v == dim and not ops.fp8 else T.alloc_shared([block_m, dim_v], ops.out_dtype)
-            if v_in_kernel:
-                # The raw V stages live in o_s, dead until the epilogue (which follows the last
-                # transpose: one tile per CTA).  Aliased buffers share one layout (TileLang
-                # 0.1.15), and a TMA load of the stages needs a plain one: o_s row-major (its
-                # epilogue stores then meet 8-way bank conflicts, once per tile).
-                T.annotate_layout({o_s: T.Layout([block_m, dim_v], lambda r, c: [r, c])})
-                raw = T.view(o_s, [2, block_n, dim_v], dtype)
-                raw_w = T.view(o_s, [2, block_n, dim_v // 4], T.uint32)
-                raw_full = T.alloc_barrier(arrive_count=[128, 128])
-                w_in = T.alloc_local([4], T.uint32)
-                w_out = T.alloc_local([4], T.uint32)
-                w_out_bytes = T.view(w_out, [16], dtype)
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype, defer_sum)
             if defer_sum:
                 T.annotate_layout({l: row_parts_layout(block_m)})
@@ -240,11 +222,7 @@ def fwd_ws_prim_func(
             T.barrier_arrive(bar_q)
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                if v_in_kernel:
-                    load_kv(K, V, k_s, raw, raw_w, v_s, k_full, raw_full, v_full, k_empty, v_empty, kb_lo, n_blocks,
-                            h // (H // Hkv), seq, tx - threads, w_in, w_out, w_out_bytes)
-                else:
-                    load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), seq)
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), seq)
             else:  # consumer warpgroups
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)
@@ -441,8 +419,7 @@ def fwd_ws_prim_func(
                 T.barrier_arrive(v_empty[prev_last % 2])
                 epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
 
-    return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel, out_dtype,
-                             raw_v=v_in_kernel)
+    return forward_prim_func(dim, dim_v, dtype, varlen, one_tile_kernel if tiles_per_cta == 1 else paired_kernel, out_dtype)
 
 
 # Two compilations of one builder.  The paired schedule orders its shared memory by hand

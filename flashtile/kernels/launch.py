@@ -147,16 +147,9 @@ def forward_kernel(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softca
     """The compiled forward for one static structure (tiles and builder from ``configs.fwd_config``;
     ``out_dtype`` for FP8 inputs, ``operands``; ``short`` from ``configs.short_forward``;
     ``share_sms``: ``configs.sharing_sms``)."""
-    return cache.get_static(*forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, window, varlen, num_sms,
-                                               out_dtype, short, share_sms))
-
-
-def forward_structure(dim: int, dim_v: int, dtype: str, has_sinks: bool, has_softcap: bool, window=(-1, -1),
-                      varlen: bool = False, num_sms: int = 132, out_dtype: Optional[str] = None, short: bool = False,
-                      share_sms: bool = False) -> tuple:
-    """``forward_kernel``'s ``cache.structure`` (its config is item 1)."""
-    return _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, configs.mask_kind(window), varlen, num_sms,
-                              out_dtype, short, share_sms)
+    structure = _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, configs.mask_kind(window), varlen,
+                                   num_sms, out_dtype, short, share_sms)
+    return cache.get_static(*structure)
 
 
 @_memoised
@@ -202,16 +195,14 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
     if packed is not None and (packed.batch == 0 or packed.max_q == 0):
         return out, lse
     short = packed is None and configs.short_forward(d, dv, q.shape[1], sk, fp8 is not None)
-    structure = forward_structure(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                                  target.sm_count(q.device), dtype_name(out_dtype), short, share_sms)
-    kernel = cache.get_static(*structure)
+    kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
+                            target.sm_count(q.device), dtype_name(out_dtype), short, share_sms)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
-    if fp8 is not None:  # the descales ride after the sinks
-        if not structure[1].v_in_kernel:  # V^T for the FP8 P V GEMM, unless the kernel makes it itself
-            from .transpose_v import launch_transpose_v  # imported with the first FP8 call (its builder's jit decorator)
+    if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
+        from .transpose_v import launch_transpose_v  # imported with the first FP8 call (its builder's jit decorator)
 
-            v = launch_transpose_v(v, packed)
-            v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
+        v = launch_transpose_v(v, packed)
+        v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
         sinks32 = operands.params(sinks32, *fp8[:3])
     left, right = host_window(window)
     scalars = (*_scores(softmax_scale, softcap), left, right, configs.head_group(max(d, dv), configs.mask_kind(window)))
