@@ -41,9 +41,13 @@ class FwdConfig:
     tiles_per_cta: int = 1  # hand-written only: 1 one tile, 2 a pair of tiles, 0 persistent pairs
     skip_rescale: bool = False  # hand-written only: O *= alpha only in warps where a row's max moved (fwd_ws.rescaler)
     defer_sum: bool = False  # hand-written only: per-thread partial row sums, one all-reduce per tile (softmax.online_softmax)
+    # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
+    # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
+    explicit_syncs: bool = False
 
     def as_kwargs(self) -> dict:
-        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale", "defer_sum")
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale",
+                                                                  "defer_sum", "explicit_syncs")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property
@@ -51,7 +55,8 @@ class FwdConfig:
         if not self.manual_ws:
             return "fwd.attention_fwd_kernel"
         # Two compilations of one builder (see fwd_ws.py's end).
-        return "fwd_ws.attention_fwd_ws_tile_kernel" if self.tiles_per_cta == 1 else "fwd_ws.attention_fwd_ws_kernel"
+        one_tile_with_sync_pass = self.tiles_per_cta == 1 and not self.explicit_syncs
+        return "fwd_ws.attention_fwd_ws_tile_kernel" if one_tile_with_sync_pass else "fwd_ws.attention_fwd_ws_kernel"
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ def fwd_ws_prim_func(
     out_dtype: str = None,
     skip_rescale: bool = False,
     defer_sum: bool = False,
+    explicit_syncs: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
@@ -131,10 +132,13 @@ def fwd_ws_prim_func(
     per SM of the device, walk all pairs).  ``skip_rescale``: a warp whose rows all kept their max
     skips ``O *= alpha`` (``rescaler``).  ``defer_sum``: ``online_softmax``'s (per-thread partial
     row sums, one all-reduce per tile).  Packed (``varlen``) batches take the one-tile
-    schedule: the pairs mirror blocks of one row, which needs every row's block count."""
+    schedule: the pairs mirror blocks of one row, which needs every row's block count.
+    ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
+    paired schedule's ``epilogue``), for a build without TileLang's sync pass."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
+    assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
     ops = Operands(dtype, out_dtype)
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
@@ -252,9 +256,12 @@ def fwd_ws_prim_func(
                             T.barrier_wait(v_full[st], (last // 2) & 1)
                             T.wgmma_gemm(p, v_s[st, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)
                             T.wait_wgmma(0)
-                finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale, out_scale)
-                # Dense: through o_s by TMA, ordered by TileLang's sync pass (PASS_CONFIGS).
-                seqinfo.store_q_tile(seq, o, o_s, O, m0, block_m, h, dim_v, lse, LSE)
+                if explicit_syncs:
+                    epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[h], score_scale, m0, h, seq, out_scale)
+                else:
+                    finish(o, m, m_safe, alpha, row_sum, l, lse, Sinks[h], score_scale, out_scale)
+                    # Dense: through o_s by TMA, ordered by TileLang's sync pass (PASS_CONFIGS).
+                    seqinfo.store_q_tile(seq, o, o_s, O, m0, block_m, h, dim_v, lse, LSE)
 
     @T.macro
     def paired_kernel(Q, K, V, O, LSE, Sinks, score_scale, cap_in, left, right, seqs):
