@@ -223,3 +223,26 @@ def test_fp8_forward_builds(dim, dim_v, varlen, sinks, softcap, out_dtype, short
     assert "fp8_e4_t" in src and "__nv_cvt_float2_to_fp8x2" in src and "__NV_SATFINITE" in src, f"{what}: P conversion"
     assert "__shfl" not in src, f"{what}: the S -> P permutation should not move data between threads"
     assert "__any_sync" not in src, f"{what}: the FP8 rows rescale O every block (the skip measured slower, NOTES)"
+
+
+def test_explicit_syncs_one_tile_orders_its_epilogue():
+    """``FwdConfig.explicit_syncs`` builds the one-tile forward without TileLang's sync pass (which
+    cannot lower FP8 key blocks of 160-256 keys), so its epilogue must order the output tile
+    itself: both consumer barriers (``pipeline.CONSUMERS_SYNC``) come before the TMA store of O,
+    else the stmatrix writes and the elected thread's store race."""
+    from flashtile.kernels import configs
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
+    from flashtile.kernels.pipeline import CONSUMERS_SYNC
+
+    cfg = configs.FwdConfig(block_m=128, block_n=192, num_stages=2, threads=256, manual_ws=True, pingpong=True,
+                            explicit_syncs=True)
+    assert cfg.builder == "fwd_ws.attention_fwd_ws_kernel"
+    configs.overrides["fwd"] = cfg
+    try:
+        src = get_forward_kernel(128, 128, "float8_e4m3fn", False, False, out_dtype="bfloat16").get_kernel_source()
+    finally:
+        configs.overrides.clear()
+    lines = src.splitlines()
+    store = next(i for i, line in enumerate(lines) if "tma_store(O_desc" in line)
+    syncs = [i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 256)" in line]
+    assert len([i for i in syncs if i < store]) == 2, f"barriers at lines {syncs}, the O store at {store}"
