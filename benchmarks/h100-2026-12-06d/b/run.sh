@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran with the tree of commit b02b1cf: the in-kernel V^T and fp8_breakdown.py --ab were reverted after it.)
 # Call b (thirtieth session): the FP8 d = 256 forward with V^T made in the kernel by the producer
 # warpgroup (no pre-pass).  The FP8 GPU tests (with the new d = 256 cases and the bitwise A/B
 # against the pre-pass build), the CUDA-graph tests, then the call's time split and an A/B/A/B
