@@ -225,7 +225,7 @@ def test_fp8_forward_builds(dim, dim_v, varlen, sinks, softcap, out_dtype, short
     assert "__any_sync" not in src, f"{what}: the FP8 rows rescale O every block (the skip measured slower, NOTES)"
 
 
-def test_explicit_syncs_one_tile_orders_its_epilogue():
+def test_explicit_syncs_one_tile_orders_its_epilogue(monkeypatch):
     """``FwdConfig.explicit_syncs`` builds the one-tile forward without TileLang's sync pass (which
     cannot lower FP8 key blocks of 160-256 keys), so its epilogue must order the output tile
     itself: both consumer barriers (``pipeline.CONSUMERS_SYNC``) come before the TMA store of O,
@@ -237,11 +237,8 @@ def test_explicit_syncs_one_tile_orders_its_epilogue():
     cfg = configs.FwdConfig(block_m=128, block_n=192, num_stages=2, threads=256, manual_ws=True, pingpong=True,
                             explicit_syncs=True)
     assert cfg.builder == "fwd_ws.attention_fwd_ws_kernel"
-    configs.overrides["fwd"] = cfg
-    try:
-        src = get_forward_kernel(128, 128, "float8_e4m3fn", False, False, out_dtype="bfloat16").get_kernel_source()
-    finally:
-        configs.overrides.clear()
+    monkeypatch.setitem(configs.overrides, "fwd", cfg)
+    src = get_forward_kernel(128, 128, "float8_e4m3fn", False, False, out_dtype="bfloat16").get_kernel_source()
     lines = src.splitlines()
     store = next(i for i, line in enumerate(lines) if "tma_store(O_desc" in line)
     syncs = [i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 256)" in line]
