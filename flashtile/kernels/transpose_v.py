@@ -1,8 +1,8 @@
 """The FP8 forward's V pre-pass on the GPU: V (keys, Hkv, Dv) -> V^T (Hkv, Dv, keys), each 16-key
 group in ``operands.key_of_column`` order (why: ``operands``).
 
-One CTA per (64-key block, kv head, batch entry): the block's rows are loaded with 16-byte
-loads, transposed and permuted through shared memory, and stored 16 keys (one permutation
+One CTA of ``threads_for(d_v)`` threads per (64-key block, kv head, batch entry): the block's
+rows are loaded with 16-byte loads, transposed and permuted through shared memory, and stored 16 keys (one permutation
 group, 16 bytes) at a time per thread, guarded per group:
 dense batches up to the padded key extent (keys past Sk are written as zeros up to the 16-key
 padding), packed batches only up to the sequence's last whole group, so one sequence's CTA
@@ -23,6 +23,14 @@ from .operands import FP8, GROUP, key_of_column, packed_v_columns, padded_keys
 from .target import PASS_CONFIGS, TARGET
 
 BLOCK = 64  # keys per CTA (4 permutation groups)
+
+
+def threads_for(dim_v: int) -> int:
+    """Threads per CTA: 256 where a CTA moves 8 KB or more (d_v >= 128), else 128.  H100, 67 MB
+    read + written, graph-replayed, bitwise equal (NOTES, thirtieth session): d = 256 35.7 ->
+    27.3 us, d = 128 27.4 -> 25.0 us with 256 threads; d = 64 26.7 -> 27.0 (kept at 128);
+    128-key CTAs were slower at every d (33-50 us)."""
+    return 256 if dim_v >= 128 else 128
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
@@ -90,7 +98,7 @@ def transpose_v_kernel(dim_v: int, varlen: bool, block: int = BLOCK, threads: in
 
 def get_kernel(dim_v: int, varlen: bool):
     """The compiled pre-pass for one V head dim, dense or packed."""
-    return cache.get(transpose_v_kernel, dim_v=dim_v, varlen=varlen)
+    return cache.get(transpose_v_kernel, dim_v=dim_v, varlen=varlen, threads=threads_for(dim_v))
 
 
 def launch_transpose_v(v: torch.Tensor, packed=None) -> torch.Tensor:
