@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Call c (thirty-first session): FP8 d = 128 tiles, second look: the table's 192 x 96 one-tile
-# row against 128 x 160 persistent pairs (two consumer warpgroups; 8 bytes of spills, none in
+# Call c (thirty-first session): FP8 d = 128 tiles, second look, 1k-16k: the table's 192 x 96
+# one-tile row (long) and 128 x 128 persistent pairs (short) against 128 x 160 persistent pairs (two consumer warpgroups; 8 bytes of spills, none in
 # the steady step) and, for a third and fourth round at 16k full, 128 x 192 one tile with
 # explicit syncs; each config's d = 128 FP8 GPU tests first.  Then the decode bench (bf16 and
 # FP8 caches vs cuDNN / flash SDPA, % of the read bandwidth measured in the same run) with HEAD.
@@ -8,9 +8,9 @@
 set -uo pipefail
 w=$1; mkdir -p "$w"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$w/summary.txt"
-timeout 200 python3 benchmarks/tune.py fwd --fp8 --headdim 128 --seqlen 4096 16384 --check --repeat 2 --jobs 4 \
-  --configs 192,96,2,384,1,1 128,160,2,256,1,1,0 128,192,2,256,1,1,1,0,0,1 > "$w/tune.txt" 2>&1; echo "tune rc=$?" >> "$w/summary.txt"
+timeout 230 python3 benchmarks/tune.py fwd --fp8 --headdim 128 --seqlen 1024 2048 4096 16384 --check --repeat 2 --jobs 4 \
+  --configs 192,96,2,384,1,1 128,128,2,256,1,1,0 128,160,2,256,1,1,0 128,192,2,256,1,1,1,0,0,1 > "$w/tune.txt" 2>&1; echo "tune rc=$?" >> "$w/summary.txt"
 timeout 170 python3 benchmarks/decode_bench.py --fp8 --out "$w/decode" > "$w/decode_bench.log" 2>&1; echo "decode bench rc=$?" >> "$w/summary.txt"
 cat "$w/summary.txt"
-grep -E "^TUNE|^CHECK|passed|failed" "$w/tune.txt" | cut -c1-170 | tail -n 40
+grep -E "^TUNE|^CHECK|passed|failed" "$w/tune.txt" | cut -c1-170 | tail -n 80
 cut -c1-150 "$w/decode_bench.log" | grep -v "TileLang\|compiling" | tail -n 45
