@@ -9,7 +9,7 @@ set -uo pipefail
 w=$1; mkdir -p "$w"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$w/summary.txt"
 timeout 230 python3 benchmarks/tune.py fwd --fp8 --headdim 128 --seqlen 1024 2048 4096 16384 --check --repeat 2 --jobs 4 \
-  --configs 192,96,2,384,1,1 128,128,2,256,1,1,0 128,160,2,256,1,1,0 128,192,2,256,1,1,1,0,0,1 > "$w/tune.txt" 2>&1; echo "tune rc=$?" >> "$w/summary.txt"
+  --configs ${CONFIGS:-192,96,2,384,1,1 128,128,2,256,1,1,0 128,160,2,256,1,1,0 128,192,2,256,1,1,1,0,0,1} > "$w/tune.txt" 2>&1; echo "tune rc=$?" >> "$w/summary.txt"
 if [ "${DECODE_S:-170}" != 0 ]; then  # DECODE_S=0: the tile A/B only (little device time left)
   timeout "${DECODE_S:-170}" python3 benchmarks/decode_bench.py --fp8 --out "$w/decode" > "$w/decode_bench.log" 2>&1; echo "decode bench rc=$?" >> "$w/summary.txt"
 fi
