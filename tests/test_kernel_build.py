@@ -243,3 +243,28 @@ def test_explicit_syncs_one_tile_orders_its_epilogue(monkeypatch):
     store = next(i for i, line in enumerate(lines) if "tma_store(O_desc" in line)
     syncs = [i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 256)" in line]
     assert len([i for i in syncs if i < store]) == 2, f"barriers at lines {syncs}, the O store at {store}"
+
+
+def test_mma_row_sum_issues_the_sums_gemm_before_each_p_v(monkeypatch):
+    """``FwdConfig.mma_row_sum`` (FP8, one tile): P's row sums come from an m64 n8 WGMMA of P with
+    a shared tile of ones, issued just before every P V WGMMA (so ``wait_wgmma(1)`` still leaves
+    only P V in flight), and the ones tile is filled, fenced for the async proxy and
+    consumer-synced before any WGMMA reads it."""
+    from flashtile.kernels import configs
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
+    from flashtile.kernels.pipeline import CONSUMERS_SYNC
+
+    cfg = configs.FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True,
+                            mma_row_sum=True)
+    monkeypatch.setitem(configs.overrides, "fwd", cfg)
+    src = get_forward_kernel(128, 128, "float8_e4m3fn", False, False, out_dtype="bfloat16").get_kernel_source()
+    lines = src.splitlines()
+    gemms = [(i, line) for i, line in enumerate(lines) if "tl::wgmma_rs<" in line]
+    sums = [i for i, line in gemms if "kFloat32, 64, 8, 32" in line]
+    p_v = [i for i, line in gemms if "kFloat32, 64, 128, 32" in line]
+    assert sums and len(sums) == len(p_v), f"row-sum GEMMs at {sums}, P V GEMMs at {p_v}"
+    assert all(s < v for s, v in zip(sums, p_v)), f"each row-sum GEMM must precede its P V: {sums} vs {p_v}"
+    fence = next(i for i, line in enumerate(lines) if "fence_proxy_async" in line)
+    sync = next(i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 384)" in line)
+    first_gemm = next(i for i, line in enumerate(lines) if "tl::wgmma_" in line)
+    assert fence < sync < first_gemm, f"ones tile: fence {fence}, sync {sync}, first WGMMA {first_gemm}"

@@ -44,10 +44,13 @@ class FwdConfig:
     # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
     # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
     explicit_syncs: bool = False
+    # hand-written one-tile FP8 only: the row sums of P by a WGMMA of P with a ones tile (N = 8)
+    # beside P V, rescaled with O, instead of one FADD per score (staged, not yet run on a GPU)
+    mma_row_sum: bool = False
 
     def as_kwargs(self) -> dict:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale",
-                                                                  "defer_sum", "explicit_syncs")
+                                                                  "defer_sum", "explicit_syncs", "mma_row_sum")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property

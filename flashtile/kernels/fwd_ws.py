@@ -107,6 +107,27 @@ def rescaler(block_m: int, dim_v: int, skip: bool):
     return rescale
 
 
+# Columns of the row sums' GEMM (``mma_row_sum``): the narrowest WGMMA (m64 n8).
+ROW_SUM_N = 8
+
+
+def row_sum_tiles(block_m: int, block_n: int, dtype: str):
+    """(ones, sums) for ``mma_row_sum``: a shared [8, block_n] tile of ones (B of P 1, K-major as
+    FP8 WGMMAs want it) and the [block_m, 8] accumulator of P's row sums, every column the same.
+    FA3 sums P with one FADD per score; here the tensor cores do it beside P V (+8 of
+    ``dim_v`` columns of that GEMM), rescaled with O, so the sum is of the rounded P that O uses."""
+    return T.alloc_shared([ROW_SUM_N, block_n], dtype), T.alloc_fragment([block_m, ROW_SUM_N], T.float32)
+
+
+@T.macro
+def row_sums_start(sums, threads: int):
+    """Fill the ones tile (consumer threads) and make it visible to the WGMMAs; zero the sums."""
+    T.fill(sums[0], 1.0)
+    T.fence_proxy_async()
+    T.sync_threads(CONSUMERS_SYNC, threads)
+    T.clear(sums[1])
+
+
 def fwd_ws_prim_func(
     dim: int,
     dim_v: int,
@@ -125,6 +146,7 @@ def fwd_ws_prim_func(
     skip_rescale: bool = False,
     defer_sum: bool = False,
     explicit_syncs: bool = False,
+    mma_row_sum: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
@@ -134,15 +156,19 @@ def fwd_ws_prim_func(
     row sums, one all-reduce per tile).  Packed (``varlen``) batches take the one-tile
     schedule: the pairs mirror blocks of one row, which needs every row's block count.
     ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
-    paired schedule's ``epilogue``), for a build without TileLang's sync pass."""
+    paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``mma_row_sum``
+    (one tile, FP8): ``row_sums``."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
     ops = Operands(dtype, out_dtype)
+    assert not mma_row_sum or (ops.fp8 and tiles_per_cta == 1), "mma_row_sum: the FP8 one-tile schedule"
+
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum,
+                                    sum_elsewhere=mma_row_sum)
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)
@@ -152,12 +178,28 @@ def fwd_ws_prim_func(
     # d=128 kernel an 8-byte spill.
     bottom_aligned = block_m != block_n
 
-    rescale = rescaler(block_m, dim_v, skip_rescale)
+    rescale_o = rescaler(block_m, dim_v, skip_rescale)
+    rescale_sums = rescaler(block_m, ROW_SUM_N, skip_rescale)
+
+    @T.macro
+    def rescale(o, alpha, sums):
+        rescale_o(o, alpha)
+        if mma_row_sum:
+            rescale_sums(sums[1], alpha)
+
+    @T.macro
+    def p_v(p, v_tile, o, sums):
+        """Issue O += P V, and with ``mma_row_sum`` the row sums' GEMM (``row_sum_tiles``) just
+        before it, so that ``wait_wgmma(1)`` still leaves only P V in flight."""
+        if mma_row_sum:
+            T.wgmma_gemm(p, sums[0], sums[1], transpose_B=True, policy=FULL_ROW)
+        T.wgmma_gemm(p, v_tile, o, transpose_B=ops.fp8, policy=FULL_ROW)
 
     @T.macro
     def block_steps(q_tile, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty,
-                    wg, kb_lo, trips, phase, m0, last_row, mask, score_scale, cap_in):
-        """Key blocks 1 .. trips - 1 of a tile whose block 0 is done (its P in ``p``)."""
+                    wg, kb_lo, trips, phase, m0, last_row, mask, score_scale, cap_in, sums):
+        """Key blocks 1 .. trips - 1 of a tile whose block 0 is done (its P in ``p``); ``sums``:
+        ``row_sum_tiles`` with ``mma_row_sum``."""
         mask_args = (m0, last_row, mask, score_scale, cap_in)
         # Blocks t >= 1, two per trip so that ring stages are compile-time
         # indices: K_t sits in stage 1 - st, V_{t-1} in stage st.  Every
@@ -171,9 +213,9 @@ def fwd_ws_prim_func(
                     take_turn(wg)
                     T.wgmma_gemm(q_tile, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                     if not pingpong:
-                        rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
+                        rescale(o, alpha, sums)  # O *= alpha_{t-1} while S_t runs
                     T.barrier_wait(v_full[st], (i & 1) ^ phase)
-                    T.wgmma_gemm(p, v_s[st, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)
+                    p_v(p, v_s[st, :, :], o, sums)
                     pass_turn(wg)
                     T.wait_wgmma(1)
                     T.barrier_arrive(k_empty[1 - st])
@@ -182,7 +224,7 @@ def fwd_ws_prim_func(
                     T.barrier_arrive(v_empty[st])
                     cast_p(s, p)
                     if pingpong:
-                        rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
+                        rescale(o, alpha, sums)  # O *= alpha_t: the turn is another warpgroup's
 
     @T.macro
     def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, seq, out_scale=None):
@@ -209,6 +251,7 @@ def fwd_ws_prim_func(
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype, defer_sum)
             if defer_sum:
                 T.annotate_layout({l: row_parts_layout(block_m)})
+            sums = row_sum_tiles(block_m, block_n, dtype) if mma_row_sum else None
             bar_q = T.alloc_barrier(arrive_count=total)
             k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
 
@@ -231,6 +274,8 @@ def fwd_ws_prim_func(
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)
                 T.clear(l)
+                if mma_row_sum:
+                    row_sums_start(sums, threads)
                 T.fill(m, -T.infinity(acc))
                 T.barrier_wait(bar_q, 0)
                 # A tile that sees no key skips every GEMM (the one-tile schedule, unlike the
@@ -246,16 +291,18 @@ def fwd_ws_prim_func(
                     T.barrier_arrive(k_empty[0])
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
                     cast_p(s, p)
-                block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args)
+                block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args, sums)
                 if n_blocks > 0:  # the last block's P V (its V sits in stage (n_blocks - 1) % 2)
                     last = n_blocks - 1
                     for st in T.unroll(2):
                         if last % 2 == st:
                             if not pingpong:
-                                rescale(o, alpha)
+                                rescale(o, alpha, sums)
                             T.barrier_wait(v_full[st], (last // 2) & 1)
-                            T.wgmma_gemm(p, v_s[st, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)
+                            p_v(p, v_s[st, :, :], o, sums)
                             T.wait_wgmma(0)
+                if mma_row_sum:  # every column of a row's sums holds its total
+                    T.reduce_max(sums[1], l, dim=1)
                 if explicit_syncs:
                     epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[h], score_scale, m0, h, seq, out_scale)
                 else:
@@ -397,10 +444,10 @@ def fwd_ws_prim_func(
                                 epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
                             T.clear(o)
                             cast_p(s, p)
-                            block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
+                            block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args, None)
                             T.barrier_arrive(q_empty[slot])  # every S GEMM of the tile has retired
                             if not pingpong:
-                                rescale(o, alpha)
+                                rescale(o, alpha, None)
                             # The last block's V, so the next turn issues its P V at once.
                             last = trips - 1
                             T.barrier_wait(v_full[last % 2], ((last // 2) & 1) ^ phase)
