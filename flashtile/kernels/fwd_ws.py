@@ -157,14 +157,13 @@ def fwd_ws_prim_func(
     schedule: the pairs mirror blocks of one row, which needs every row's block count.
     ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
     paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``mma_row_sum``
-    (one tile, FP8): ``row_sums``."""
+    (one tile, FP8): P's row sums by a WGMMA with a ones tile (``row_sum_tiles``)."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
     ops = Operands(dtype, out_dtype)
     assert not mma_row_sum or (ops.fp8 and tiles_per_cta == 1), "mma_row_sum: the FP8 one-tile schedule"
-
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum,

@@ -130,7 +130,7 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
         for i, j in T.Parallel(block_m, block_n):
             s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
         if sum_elsewhere:
-            pass
+            pass  # the caller's row-sum GEMM (fwd_ws.row_sum_tiles)
         elif defer_sum:
             # One index pattern per fragment in a T.Parallel loop (TileLang): the columns by a
             # loop, not as one expression over c, c + 8, ...

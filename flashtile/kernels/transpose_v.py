@@ -27,8 +27,8 @@ BLOCK = 64  # keys per CTA (4 permutation groups)
 
 def threads_for(dim_v: int) -> int:
     """Threads per CTA: 256 where a CTA moves 8 KB or more (d_v >= 128), else 128.  H100, 67 MB
-    read + written, graph-replayed, bitwise equal (NOTES, thirtieth session): d = 256 35.7 ->
-    27.3 us, d = 128 27.4 -> 25.0 us with 256 threads; d = 64 26.7 -> 27.0 (kept at 128);
+    read + written, graph-replayed, bitwise equal (NOTES, thirtieth and thirty-first sessions):
+    d = 256 35.6-35.7 -> 27.2-27.3 us, d = 128 27.4 -> 25.0 us with 256 threads; d = 64 26.7 -> 27.0 (kept at 128);
     128-key CTAs were slower at every d (33-50 us)."""
     return 256 if dim_v >= 128 else 128
 
