@@ -56,13 +56,20 @@ def make_config(which, cfg):
 
 
 def prebuild(which, d, cfg, det, fp8=False):
-    """Compile one candidate into TileLang's disk cache (runs in a worker process)."""
+    """Compile one candidate into TileLang's disk cache (runs in a worker process; on the CPU
+    machine too, e.g. before packing: ``python3 benchmarks/tune.py fwd --fp8 --headdim 128
+    --configs ... --prebuild-only``)."""
     configs.overrides[which] = make_config(which, cfg)
     try:
-        if which == "fwd":
+        if which == "fwd" and fp8:  # every structure the FP8 GPU tests of this head dim build (--check)
+            from flashtile.kernels import precompile
+
+            for p, kw in precompile.structures([(d, d)], ["bfloat16", "float16"], list(precompile.FEATURES), ["fwd8"]):
+                precompile.build(p, kw)
+        elif which == "fwd":
             from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
-            get_forward_kernel(d, d, "float8_e4m3fn" if fp8 else "bfloat16", False, False)
+            get_forward_kernel(d, d, "bfloat16", False, False)
         else:
             from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
@@ -113,6 +120,7 @@ def main():
     ap.add_argument("--check", action="store_true", help="check each candidate against the reference first")
     ap.add_argument("--rows-per-group", type=int, nargs="*", default=[0], help="dK/dV launch order(s) to time (0 = the table's)")
     ap.add_argument("--repeat", type=int, default=1, help="time the whole list this many times")
+    ap.add_argument("--prebuild-only", action="store_true", help="compile the candidates and stop (no GPU needed)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel prebuild processes")
     args = ap.parse_args()
     table = TABLES[args.which]
@@ -124,6 +132,8 @@ def main():
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for line in pool.map(prebuild, *zip(*[(args.which, d, cfg, args.det, args.fp8) for d, cfg in todo])):
             print(line, flush=True)
+    if args.prebuild_only:
+        return
     if args.check and args.fp8:  # the FP8 forward's own GPU tests (2x rule vs the rounding baseline)
         import pytest
 
