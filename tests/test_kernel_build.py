@@ -246,7 +246,7 @@ def test_explicit_syncs_one_tile_orders_its_epilogue(monkeypatch):
 
 
 def test_mma_row_sum_issues_the_sums_gemm_before_each_p_v(monkeypatch):
-    """``FwdConfig.mma_row_sum`` (FP8, one tile): P's row sums come from an m64 n8 WGMMA of P with
+    """``FwdConfig.mma_row_sum`` (one tile; FP8 here): P's row sums come from an m64 n8 WGMMA of P with
     a shared tile of ones, issued just before every P V WGMMA (so ``wait_wgmma(1)`` still leaves
     only P V in flight), and the ones tile is filled, fenced for the async proxy and
     consumer-synced before any WGMMA reads it."""

@@ -44,7 +44,7 @@ class FwdConfig:
     # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
     # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
     explicit_syncs: bool = False
-    # hand-written one-tile FP8 only: the row sums of P by a WGMMA of P with a ones tile (N = 8)
+    # hand-written one-tile only: the row sums of P by a WGMMA of P with a ones tile (N = 8)
     # beside P V, rescaled with O, instead of one FADD per score (staged, not yet run on a GPU)
     mma_row_sum: bool = False
 

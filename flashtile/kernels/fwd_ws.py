@@ -107,16 +107,20 @@ def rescaler(block_m: int, dim_v: int, skip: bool):
     return rescale
 
 
-# Columns of the row sums' GEMM (``mma_row_sum``): the narrowest WGMMA (m64 n8).
-ROW_SUM_N = 8
+def row_sum_columns(fp8: bool) -> int:
+    """Columns of the row sums' GEMM (``mma_row_sum``): the narrowest WGMMA (n8) for FP8; 16 for
+    16-bit P, whose [8, 80] ones tile TileLang 0.1.15 cannot lay out (d = 256's 80-key blocks)."""
+    return 8 if fp8 else 16
 
 
-def row_sum_tiles(block_m: int, block_n: int, dtype: str):
-    """(ones, sums) for ``mma_row_sum``: a shared [8, block_n] tile of ones (B of P 1, K-major as
-    FP8 WGMMAs want it) and the [block_m, 8] accumulator of P's row sums, every column the same.
-    FA3 sums P with one FADD per score; here the tensor cores do it beside P V (+8 of
-    ``dim_v`` columns of that GEMM), rescaled with O, so the sum is of the rounded P that O uses."""
-    return T.alloc_shared([ROW_SUM_N, block_n], dtype), T.alloc_fragment([block_m, ROW_SUM_N], T.float32)
+def row_sum_tiles(block_m: int, block_n: int, dtype: str, fp8: bool):
+    """(ones, sums) for ``mma_row_sum``: a shared [n, block_n] tile of ones (B of P 1, K-major as
+    K in the S GEMM; n = ``row_sum_columns``) and the [block_m, n] accumulator of P's row sums,
+    every column the same.  FA3 sums P with one FADD per score; here the tensor cores do it
+    beside P V (n more of that GEMM's ``dim_v`` columns), rescaled with O, so the sum is of the
+    rounded P that O uses."""
+    n = row_sum_columns(fp8)
+    return T.alloc_shared([n, block_n], dtype), T.alloc_fragment([block_m, n], T.float32)
 
 
 @T.macro
@@ -157,13 +161,13 @@ def fwd_ws_prim_func(
     schedule: the pairs mirror blocks of one row, which needs every row's block count.
     ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
     paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``mma_row_sum``
-    (one tile, FP8): P's row sums by a WGMMA with a ones tile (``row_sum_tiles``)."""
+    (one tile): P's row sums by a WGMMA with a ones tile (``row_sum_tiles``)."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
     ops = Operands(dtype, out_dtype)
-    assert not mma_row_sum or (ops.fp8 and tiles_per_cta == 1), "mma_row_sum: the FP8 one-tile schedule"
+    assert not mma_row_sum or tiles_per_cta == 1, "mma_row_sum: the one-tile schedule"
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum,
@@ -178,7 +182,7 @@ def fwd_ws_prim_func(
     bottom_aligned = block_m != block_n
 
     rescale_o = rescaler(block_m, dim_v, skip_rescale)
-    rescale_sums = rescaler(block_m, ROW_SUM_N, skip_rescale)
+    rescale_sums = rescaler(block_m, row_sum_columns(ops.fp8), skip_rescale)
 
     @T.macro
     def rescale(o, alpha, sums):
@@ -250,7 +254,7 @@ def fwd_ws_prim_func(
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype, defer_sum)
             if defer_sum:
                 T.annotate_layout({l: row_parts_layout(block_m)})
-            sums = row_sum_tiles(block_m, block_n, dtype) if mma_row_sum else None
+            sums = row_sum_tiles(block_m, block_n, dtype, ops.fp8) if mma_row_sum else None
             bar_q = T.alloc_barrier(arrive_count=total)
             k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
 
