@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # (Never ran: no machine could be started for it; kept for the next session, see NOTES "For the next session", thirty-first.)
 # Call c (thirty-first session): FP8 d = 128 tiles, second look, 1k-16k: the table's 192 x 96
-# one-tile row (long) and 128 x 128 persistent pairs (short) against 128 x 160 persistent pairs (two consumer warpgroups; 8 bytes of spills, none in
-# the steady step) and the 192 x 96 row with its row sums on the tensor cores (`mma_row_sum`,
-# NOTES prediction 4), at d = 128 and d = 256, and on the bf16 d = 256 row; each config checked first.  Then the decode bench (bf16 and
-# FP8 caches vs cuDNN / flash SDPA, % of the read bandwidth measured in the same run) with HEAD.
+# one-tile row (long) and 128 x 128 persistent pairs (short) against 128 x 160 persistent pairs
+# (two consumer warpgroups; 8 bytes of spills, none in the steady step) and the 192 x 96 row
+# with its row sums on the tensor cores (`mma_row_sum`, NOTES prediction 4); that flag again on
+# the FP8 d = 256 row and the bf16 d = 256 row.  Each config is checked first (the FP8 GPU tests
+# of its head dim; `quick.check` for bf16).  Then the decode bench (bf16 and FP8 caches vs
+# cuDNN / flash SDPA, % of the read bandwidth measured in the same run) with HEAD.
 # Logs are written under $OUT as they go.
 set -uo pipefail
 w=$1; mkdir -p "$w"
