@@ -167,7 +167,7 @@ def fwd_ws_prim_func(
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
     ops = Operands(dtype, out_dtype)
-    assert not mma_row_sum or tiles_per_cta == 1, "mma_row_sum: the one-tile schedule"
+    assert not mma_row_sum or (tiles_per_cta == 1 and not defer_sum), "mma_row_sum: the one-tile schedule, no defer_sum"
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
     update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum,
