@@ -225,21 +225,27 @@ def test_fp8_forward_builds(dim, dim_v, varlen, sinks, softcap, out_dtype, short
     assert "__any_sync" not in src, f"{what}: the FP8 rows rescale O every block (the skip measured slower, NOTES)"
 
 
+def _fp8_d128_forward_source(monkeypatch, cfg) -> list[str]:
+    """Lines of the generated CUDA of the FP8 d = 128 forward (bf16 out) built with ``cfg``."""
+    from flashtile.kernels import configs
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
+
+    monkeypatch.setitem(configs.overrides, "fwd", cfg)
+    return get_forward_kernel(128, 128, "float8_e4m3fn", False, False, out_dtype="bfloat16").get_kernel_source().splitlines()
+
+
 def test_explicit_syncs_one_tile_orders_its_epilogue(monkeypatch):
     """``FwdConfig.explicit_syncs`` builds the one-tile forward without TileLang's sync pass (which
     cannot lower FP8 key blocks of 160-256 keys), so its epilogue must order the output tile
     itself: both consumer barriers (``pipeline.CONSUMERS_SYNC``) come before the TMA store of O,
     else the stmatrix writes and the elected thread's store race."""
     from flashtile.kernels import configs
-    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
     from flashtile.kernels.pipeline import CONSUMERS_SYNC
 
     cfg = configs.FwdConfig(block_m=128, block_n=192, num_stages=2, threads=256, manual_ws=True, pingpong=True,
                             explicit_syncs=True)
     assert cfg.builder == "fwd_ws.attention_fwd_ws_kernel"
-    monkeypatch.setitem(configs.overrides, "fwd", cfg)
-    src = get_forward_kernel(128, 128, "float8_e4m3fn", False, False, out_dtype="bfloat16").get_kernel_source()
-    lines = src.splitlines()
+    lines = _fp8_d128_forward_source(monkeypatch, cfg)
     store = next(i for i, line in enumerate(lines) if "tma_store(O_desc" in line)
     syncs = [i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 256)" in line]
     assert len([i for i in syncs if i < store]) == 2, f"barriers at lines {syncs}, the O store at {store}"
@@ -251,14 +257,11 @@ def test_mma_row_sum_issues_the_sums_gemm_before_each_p_v(monkeypatch):
     only P V in flight), and the ones tile is filled, fenced for the async proxy and
     consumer-synced before any WGMMA reads it."""
     from flashtile.kernels import configs
-    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
     from flashtile.kernels.pipeline import CONSUMERS_SYNC
 
     cfg = configs.FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True,
                             mma_row_sum=True)
-    monkeypatch.setitem(configs.overrides, "fwd", cfg)
-    src = get_forward_kernel(128, 128, "float8_e4m3fn", False, False, out_dtype="bfloat16").get_kernel_source()
-    lines = src.splitlines()
+    lines = _fp8_d128_forward_source(monkeypatch, cfg)
     gemms = [(i, line) for i, line in enumerate(lines) if "tl::wgmma_rs<" in line]
     sums = [i for i, line in gemms if "kFloat32, 64, 8, 32" in line]
     p_v = [i for i, line in gemms if "kFloat32, 64, 128, 32" in line]

@@ -2,8 +2,8 @@
 group in ``operands.key_of_column`` order (why: ``operands``).
 
 One CTA of ``threads_for(d_v)`` threads per (64-key block, kv head, batch entry): the block's
-rows are loaded with 16-byte loads, transposed and permuted through shared memory, and stored 16 keys (one permutation
-group, 16 bytes) at a time per thread, guarded per group:
+rows are loaded with 16-byte loads, transposed and permuted through shared memory, and stored
+16 keys (one permutation group, 16 bytes) at a time per thread, guarded per group:
 dense batches up to the padded key extent (keys past Sk are written as zeros up to the 16-key
 padding), packed batches only up to the sequence's last whole group, so one sequence's CTA
 never writes another's columns; the launcher zero-fills the gaps between sequences (every
@@ -28,8 +28,8 @@ BLOCK = 64  # keys per CTA (4 permutation groups)
 def threads_for(dim_v: int) -> int:
     """Threads per CTA: 256 where a CTA moves 8 KB or more (d_v >= 128), else 128.  H100, 67 MB
     read + written, graph-replayed, bitwise equal (NOTES, thirtieth and thirty-first sessions):
-    d = 256 35.6-35.7 -> 27.2-27.3 us, d = 128 27.4 -> 25.0 us with 256 threads; d = 64 26.7 -> 27.0 (kept at 128);
-    128-key CTAs were slower at every d (33-50 us)."""
+    d = 256 35.6-35.7 -> 27.2-27.3 us, d = 128 27.4 -> 25.0 us with 256 threads; d = 64 26.7 ->
+    27.0 (kept at 128); 128-key CTAs were slower at every d (33-50 us)."""
     return 256 if dim_v >= 128 else 128
 
 
