@@ -52,8 +52,6 @@ def make_config(which, cfg):
     cls = {"fwd": configs.FwdConfig, "bwd": configs.BwdConfig, "bwd_dq": configs.DqConfig}[which]
     if which == "fwd":  # manual_ws and pingpong flags, then tiles_per_cta, then the skip_rescale flag
         return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:6]), *cfg[6:7], *(bool(flag) for flag in cfg[7:]))
-    if which == "bwd":  # the flags in field order, then dq_chunks
-        return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:8]), *cfg[8:9])
     return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then the flags, in field order
 
 

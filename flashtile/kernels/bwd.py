@@ -247,7 +247,6 @@ def attention_bwd_dkdv(
     num_stages: int = 2,
     threads: int = 256,
     overlap: bool = False,
-    dq_chunks: int = 1,
 ):
     """dK, dV (and with ``with_dq`` the fp32 dQ accumulation) for one key block per CTA.
 
@@ -265,15 +264,6 @@ def attention_bwd_dkdv(
     split_cols = block_n < 64 * (threads // 128)
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
     policy = T.GemmWarpPolicy.FullCol if split_cols else T.GemmWarpPolicy.FullRow
-
-    @T.macro
-    def dq_to_accumulator(dQacc, seq, ds_s, k_s, dq, dq_s, m0, h, c0, cols):
-        # dQ = dS K for columns [c0, c0 + cols) (``cols`` None: all of them), reduce-added into
-        # the fp32 accumulator through shared memory.
-        T.gemm(ds_s, k_s if cols is None else k_s[:, c0 : c0 + cols], dq, transpose_A=True, clear_accum=True)
-        T.copy(dq, dq_s)
-        # Rows past a packed sequence's end add exact zeros (their P is masked).
-        T.atomic_add(seq.q_rows(dQacc, m0, block_m, h, c0, cols), dq_s, use_tma=True)
 
     @T.macro
     def kernel(Q, K, V, dO, LSE2, Delta, dQacc, dK, dV, Ticket, score_scale, sm_scale, cap_in, left, right, rows_per_group, seqs):
@@ -302,12 +292,8 @@ def attention_bwd_dkdv(
             dv = T.alloc_fragment([block_n, dim_v], acc)
             capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
             if with_dq:
-                # ``dq_chunks`` > 1: dQ's columns in chunks through one smaller fp32 tile (each
-                # reduce-add read out before the next chunk is written), leaving shared memory
-                # for a second Q / dO stage at d = 256.
-                dq_cols = dim // dq_chunks
-                dq = T.alloc_fragment([block_m, dq_cols], acc)
-                dq_s = T.alloc_shared([block_m, dq_cols], acc)
+                dq = T.alloc_fragment([block_m, dim], acc)
+                dq_s = T.alloc_shared([block_m, dim], acc)
 
             n0 = bx * block_n
             groups = H // Hkv
@@ -356,11 +342,11 @@ def attention_bwd_dkdv(
                 if split_cols or with_dq:
                     T.copy(dsT, ds_s)
                 T.gemm(ds_s if split_cols else dsT, q_s, dk, policy=policy)
-                if with_dq and dq_chunks == 1:
-                    dq_to_accumulator(dQacc, seq, ds_s, k_s, dq, dq_s, m0, h, 0, None)
-                elif with_dq:
-                    for c in T.serial(dq_chunks):
-                        dq_to_accumulator(dQacc, seq, ds_s, k_s, dq, dq_s, m0, h, c * dq_cols, dq_cols)
+                if with_dq:
+                    T.gemm(ds_s, k_s, dq, transpose_A=True, clear_accum=True)
+                    T.copy(dq, dq_s)
+                    # Rows past a packed sequence's end add exact zeros (their P is masked).
+                    T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq_s, use_tma=True)
 
             seqinfo.store_k_tile(seq, dk, dk_s, dK, n0, block_n, hk, dim)
             seqinfo.store_k_tile(seq, dv, dv_s, dV, n0, block_n, hk, dim_v)

@@ -72,10 +72,9 @@ class BwdConfig:
     manual_ws: bool = False  # hand-written warp specialisation (kernels/bwd_ws.py), not the builder's
     dq_turns: bool = False  # hand-written only: the consumer warpgroups take turns computing dQ
     persistent: bool = False  # hand-written only: one CTA per SM walks the key tiles by ticket
-    dq_chunks: int = 1  # builder's kernel only: dQ's columns in this many chunks (shared memory)
 
     def as_kwargs(self) -> dict:
-        hand_written_only = ("manual_ws", "dq_chunks") if self.manual_ws else ("manual_ws", "dq_turns", "persistent")
+        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "dq_turns", "persistent")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property

@@ -57,12 +57,9 @@ class Sequence:
         self.key_lo = key_lo
 
     # Tile regions (TMA / T.copy sources and destinations).
-    def q_rows(self, X, m0, rows, h, c0=0, cols=None):
-        """Rows [m0, m0 + rows) of head ``h`` of a query-side tensor (Q, O, dO, dQ); with
-        ``cols``, only columns [c0, c0 + cols)."""
-        if cols is None:
-            return X[self.b, self.q0 + m0 : self.q0 + m0 + rows, h, :]
-        return X[self.b, self.q0 + m0 : self.q0 + m0 + rows, h, c0 : c0 + cols]
+    def q_rows(self, X, m0, rows, h):
+        """Rows [m0, m0 + rows) of head ``h`` of a query-side tensor (Q, O, dO, dQ)."""
+        return X[self.b, self.q0 + m0 : self.q0 + m0 + rows, h, :]
 
     def k_rows(self, X, n0, rows, hk):
         """Rows [n0, n0 + rows) of head ``hk`` of a key-side tensor (K, V, dK, dV)."""
