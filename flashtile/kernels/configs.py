@@ -274,16 +274,21 @@ def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = Fal
     of 32 (P is the P V GEMM's A operand, K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256 takes 128 keys where bf16
     takes 80.  ``short`` (``short_forward``): d = 128's dense row for short sequences; the
     long one is 192 x 96 on three consumer warpgroups (192 x 128 spills their 160 registers a
-    thread; the persistent pairs spill at 192 x 96)."""
+    thread; the persistent pairs spill at 192 x 96).  The one-tile rows sum P on the tensor
+    cores (``mma_row_sum``): H100 (h100-2026-12-07/c), d = 128 1k-16k 3-5% faster; 128 x 160
+    persistent pairs 3-10% slower than either d = 128 row."""
     widest = max(dim, dim_v)
     if widest <= 64:
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if (dim, dim_v) == (128, 128) and not varlen and not short:
-        return FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True)
+        return FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True,
+                         mma_row_sum=True)
     if widest <= 128:
         return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
                          tiles_per_cta=1 if varlen else 0)
-    return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
+    # d = 256: one tile per CTA, so P's row sums on the tensor cores (``mma_row_sum``) as at d = 128.
+    return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
+                     mma_row_sum=True)
 
 
 def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap: bool = False,
@@ -314,8 +319,12 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
         return BwdConfig(block_n=128, block_m=64, num_stages=2, threads=256, overlap=True, manual_ws=True,
                          dq_turns=widest <= 96, persistent=widest <= 96)
     # d=256: 64 keys, two warpgroups splitting columns: 0.85x cuDNN at 4k (one warpgroup
-    # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).
-    return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)
+    # holding all of dK and dV spilled 2 KB and ran at 0.32-0.38x).  One stage: two stages of
+    # Q / dO do not fit beside the 64 KB fp32 dQ tile, and making room (dQ reduce-added in four
+    # column chunks) or taking 32-query steps (N = 16 WGMMAs reading K / V from shared memory)
+    # measured 13-25% / 24-28% slower; S^T and dP^T async (``overlap``) 1-3% faster (H100,
+    # h100-2026-12-07/c).
+    return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True)
 
 
 def sharing_sms(config):

@@ -114,19 +114,26 @@ def row_sum_columns(fp8: bool) -> int:
 
 
 def row_sum_tiles(block_m: int, block_n: int, dtype: str, fp8: bool):
-    """(ones, sums) for ``mma_row_sum``: a shared [n, block_n] tile of ones (B of P 1, K-major as
-    K in the S GEMM; n = ``row_sum_columns``) and the [block_m, n] accumulator of P's row sums,
-    every column the same.  FA3 sums P with one FADD per score; here the tensor cores do it
-    beside P V (n more of that GEMM's ``dim_v`` columns), rescaled with O, so the sum is of the
-    rounded P that O uses."""
+    """(ones, sums) for ``mma_row_sum``: a shared [n, block_n] tile of 1 / n (B of P 1, K-major as
+    K in the S GEMM; n = ``row_sum_columns``, 1 / n exact in FP8 and bf16) and the [block_m, n]
+    accumulator of one block's row sums / n, every column the same.  FA3 sums P with one FADD
+    per score; here the tensor cores do it beside P V (n more of that GEMM's ``dim_v`` columns),
+    so the sum is of the rounded P that O uses.
+
+    The accumulator is cleared by every block's GEMM and its n columns added into ``l`` (fp32
+    FADDs, one all-reduce per row per block, ``add_block_sums``): a whole row's sum kept in the
+    FP8 WGMMA's accumulator lost up to 7% over 4k keys (H100, NOTES thirty-second session), as
+    Hopper's FP8 tensor cores add each k32 slice into the accumulator with ~14 bits of
+    mantissa and small addends lose their low bits against a large total."""
     n = row_sum_columns(fp8)
     return T.alloc_shared([n, block_n], dtype), T.alloc_fragment([block_m, n], T.float32)
 
 
 @T.macro
 def row_sums_start(sums, threads: int):
-    """Fill the ones tile (consumer threads) and make it visible to the WGMMAs; zero the sums."""
-    T.fill(sums[0], 1.0)
+    """Fill the ones tile with 1 / n (consumer threads) and make it visible to the WGMMAs; zero
+    the sums."""
+    T.fill(sums[0], 1.0 / int(sums[0].shape[0]))
     T.fence_proxy_async()
     T.sync_threads(CONSUMERS_SYNC, threads)
     T.clear(sums[1])
@@ -182,20 +189,26 @@ def fwd_ws_prim_func(
     bottom_aligned = block_m != block_n
 
     rescale_o = rescaler(block_m, dim_v, skip_rescale)
-    rescale_sums = rescaler(block_m, row_sum_columns(ops.fp8), skip_rescale)
 
     @T.macro
-    def rescale(o, alpha, sums):
+    def rescale(o, alpha, l):
         rescale_o(o, alpha)
+        if mma_row_sum:  # l is summed like O (``add_block_sums``), so scaled with it
+            for i in T.Parallel(block_m):
+                l[i] *= alpha[i]
+
+    @T.macro
+    def add_block_sums(sums, l):
+        """After the wait for a block's P V: its row sums (``row_sum_tiles``) into ``l``."""
         if mma_row_sum:
-            rescale_sums(sums[1], alpha)
+            T.reduce_sum(sums[1], l, dim=1, clear=False)
 
     @T.macro
     def p_v(p, v_tile, o, sums):
         """Issue O += P V, and with ``mma_row_sum`` the row sums' GEMM (``row_sum_tiles``) just
         before it, so that ``wait_wgmma(1)`` still leaves only P V in flight."""
         if mma_row_sum:
-            T.wgmma_gemm(p, sums[0], sums[1], transpose_B=True, policy=FULL_ROW)
+            T.wgmma_gemm(p, sums[0], sums[1], transpose_B=True, clear_accum=True, policy=FULL_ROW)
         T.wgmma_gemm(p, v_tile, o, transpose_B=ops.fp8, policy=FULL_ROW)
 
     @T.macro
@@ -216,7 +229,7 @@ def fwd_ws_prim_func(
                     take_turn(wg)
                     T.wgmma_gemm(q_tile, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                     if not pingpong:
-                        rescale(o, alpha, sums)  # O *= alpha_{t-1} while S_t runs
+                        rescale(o, alpha, l)  # O *= alpha_{t-1} while S_t runs
                     T.barrier_wait(v_full[st], (i & 1) ^ phase)
                     p_v(p, v_s[st, :, :], o, sums)
                     pass_turn(wg)
@@ -225,9 +238,10 @@ def fwd_ws_prim_func(
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
                     T.wait_wgmma(0)
                     T.barrier_arrive(v_empty[st])
+                    add_block_sums(sums, l)
                     cast_p(s, p)
                     if pingpong:
-                        rescale(o, alpha, sums)  # O *= alpha_t: the turn is another warpgroup's
+                        rescale(o, alpha, l)  # O *= alpha_t: the turn is another warpgroup's
 
     @T.macro
     def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, seq, out_scale=None):
@@ -300,12 +314,11 @@ def fwd_ws_prim_func(
                     for st in T.unroll(2):
                         if last % 2 == st:
                             if not pingpong:
-                                rescale(o, alpha, sums)
+                                rescale(o, alpha, l)
                             T.barrier_wait(v_full[st], (last // 2) & 1)
                             p_v(p, v_s[st, :, :], o, sums)
                             T.wait_wgmma(0)
-                if mma_row_sum:  # every column of a row's sums holds its total
-                    T.reduce_max(sums[1], l, dim=1)
+                            add_block_sums(sums, l)
                 if explicit_syncs:
                     epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[h], score_scale, m0, h, seq, out_scale)
                 else:
