@@ -44,8 +44,8 @@ class FwdConfig:
     # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
     # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
     explicit_syncs: bool = False
-    # hand-written one-tile only: each block's row sums of P by a WGMMA of P with a tile of 1/8
-    # (N = 8) beside P V, added into the fp32 row sums, instead of one FADD per score
+    # hand-written one-tile only: the row sums of P by a WGMMA of P with a ones tile (N = 8)
+    # beside P V, rescaled with O, instead of one FADD per score (staged, not yet run on a GPU)
     mma_row_sum: bool = False
 
     def as_kwargs(self) -> dict:
