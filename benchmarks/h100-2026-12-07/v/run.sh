@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Never ran: no machine could be started for it; see v2/run.sh for the defaults it assumes.)
 # Verification call (thirty-second session), kernels as committed: `mma_row_sum` (fixed: each
 # block's sums GEMM cleared, added into fp32 `l`) as the default of the FP8 d = 128 long row and
 # the FP8 d = 256 row, the d = 256 backward with `overlap`.  The FP8 and CUDA-graph GPU tests,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Never ran: no machine could be started for it; see v2/run.sh for the defaults it assumes.)
 # Verification call, shortest form (thirty-second session: refused starts left ~300 s of device
 # time): the whole GPU suite under a deadline (the FP8 and graph tests run early in it), then
 # one round of the FP8 d = 128 16k A/B with and without `mma_row_sum`.  Logs under $OUT.
