@@ -271,6 +271,10 @@ def test_mma_row_sum_issues_the_sums_gemm_before_each_p_v(monkeypatch):
     cleared = ["? 1 : 0));" in lines[i] for i in sums]
     assert all(cleared), f"each block's row-sum GEMM must start from a cleared accumulator: {[lines[i][-40:] for i in sums]}"
     assert any("fp8_e4_t(0x1p-3f" in line for line in lines), "the ones tile holds 1/8 (its 8 columns sum to the row sum)"
+    for v in p_v:  # the block's sums reach the fp32 row sums (a quad all-reduce) after its P V wait
+        wait = next(i for i in range(v, len(lines)) if "wait_wgmma<0>" in lines[i])
+        added = next((i for i in range(wait, len(lines)) if "AllReduce<tl::SumOp" in lines[i] or "tl::wgmma_" in lines[i]), None)
+        assert added is not None and "AllReduce<tl::SumOp" in lines[added], f"P V at {v}: no row-sum all-reduce after its wait at {wait}"
     fence = next(i for i, line in enumerate(lines) if "fence_proxy_async" in line)
     sync = next(i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 384)" in line)
     first_gemm = next(i for i, line in enumerate(lines) if "tl::wgmma_" in line)
