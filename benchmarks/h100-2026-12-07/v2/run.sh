@@ -2,9 +2,11 @@
 # Verification call, short form (thirty-second session; never ran: no machine could be started
 # for it).  For the tree of 3be54cb..4e7c7fc (`mma_row_sum` fixed and the default of the FP8
 # d = 128 long row and the d = 256 row; the d = 256 backward with `overlap`); main has those
-# defaults off again: `git apply benchmarks/h100-2026-12-07/staged-defaults.patch` first (NOTES, "For the
-# next session"), then `kernel_cache.sh mark; fill 2; prune; pack`.  The whole GPU suite first, then the same-run A/B of the FP8 rows with and without `mma_row_sum` (NOTES
-# prediction 6); the dense bench only with BENCH_S > 0.  Logs are written under $OUT as they go.
+# defaults off again: `git apply benchmarks/h100-2026-12-07/staged-defaults.patch` first, then
+# `kernel_cache.sh mark; fill 2;` the A/B's prebuilds; `prune; pack` (NOTES, thirty-second
+# session, "For the next session").  The whole GPU suite first, then the same-run A/B of the FP8
+# rows with and without `mma_row_sum` (NOTES prediction 6); the dense bench only with
+# BENCH_S > 0.  Logs are written under $OUT as they go.
 set -uo pipefail
 OUTDIR=$1; mkdir -p "$OUTDIR/f1"
 PRECOMPILE_S=30 TESTS_S=${TESTS_S:-220} BENCH_S=0 bash benchmarks/device_session.sh "$OUTDIR/f1" > "$OUTDIR/session.log" 2>&1
