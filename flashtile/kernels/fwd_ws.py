@@ -168,7 +168,7 @@ def fwd_ws_prim_func(
     schedule: the pairs mirror blocks of one row, which needs every row's block count.
     ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
     paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``mma_row_sum``
-    (one tile): P's row sums by a WGMMA with a ones tile (``row_sum_tiles``)."""
+    (one tile): each block's row sums of P by a WGMMA beside P V (``row_sum_tiles``)."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"

@@ -88,8 +88,8 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
     block adds its weights without the two shuffles per row that a row's all-reduce costs; one
     all-reduce per tile in ``finish`` (WGMMA accumulator layouts only: the hand-written
     forward).  The sums then run in another order: ``l`` may differ in the last bits.
-    ``sum_elsewhere``: ``update`` leaves ``l`` alone (the caller sums P, ``fwd_ws``'s
-    ``mma_row_sum``, and sets ``l`` before ``finish``).
+    ``sum_elsewhere``: ``update`` leaves ``l`` alone; the caller adds each block's sums into it
+    and scales it with O (``fwd_ws``'s ``mma_row_sum``).
 
     ``p_offset``: the weights are ``exp2(score - row max + p_offset)`` (FP8 P: 8, so they use
     e4m3's range up to 256, ``operands``); ``l`` carries the same factor, and ``finish`` takes it
