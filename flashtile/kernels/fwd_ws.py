@@ -130,10 +130,16 @@ def row_sum_tiles(block_m: int, block_n: int, dtype: str, fp8: bool):
 
 
 @T.macro
-def row_sums_start(sums, threads: int):
-    """Fill the ones tile with 1 / n (consumer threads) and make it visible to the WGMMAs; zero
-    the sums."""
-    T.fill(sums[0], 1.0 / int(sums[0].shape[0]))
+def row_sums_start(sums, threads: int, tx):
+    """Fill the ones tile with 1 / n (consumer threads ``tx < threads``, strided: T.fill's
+    parallel layout needs the tile's size to divide by the thread count, which bf16 d = 64's
+    [16, 128] tile does not over 384 threads) and make it visible to the WGMMAs; zero the sums."""
+    ones = sums[0]
+    n, cols = int(ones.shape[0]), int(ones.shape[1])
+    for i in T.serial(T.ceildiv(n * cols, threads)):
+        e = i * threads + tx
+        if e < n * cols:
+            ones[e // cols, e % cols] = T.cast(1.0 / n, ones.dtype)
     T.fence_proxy_async()
     T.sync_threads(CONSUMERS_SYNC, threads)
     T.clear(sums[1])
@@ -292,7 +298,7 @@ def fwd_ws_prim_func(
                 T.clear(o)
                 T.clear(l)
                 if mma_row_sum:
-                    row_sums_start(sums, threads)
+                    row_sums_start(sums, threads, tx)
                 T.fill(m, -T.infinity(acc))
                 T.barrier_wait(bar_q, 0)
                 # A tile that sees no key skips every GEMM (the one-tile schedule, unlike the
