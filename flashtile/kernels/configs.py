@@ -322,9 +322,10 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
     # Q / dO do not fit beside the 64 KB fp32 dQ tile, and making room (dQ reduce-added in four
     # column chunks) or taking 32-query steps (N = 16 WGMMAs reading K / V from shared memory)
     # measured 13-31% / 24-33% slower (H100, h100-2026-12-07/c).  S^T and dP^T async
-    # (``overlap``) was 1-3% faster there and passed ``quick.check`` at d = 256; off until the
-    # whole GPU suite has run with it (d = 192 and the softcap / GQA / deterministic variants).
-    return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256)
+    # (``overlap``) was 1-3% faster there in both rounds of 4k / 16k, full and causal, and
+    # passed the whole GPU suite (h100-2026-12-07/w: d = 192 and the softcap / GQA /
+    # deterministic variants included).
+    return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True)
 
 
 def sharing_sms(config):
