@@ -250,32 +250,3 @@ def test_explicit_syncs_one_tile_orders_its_epilogue(monkeypatch):
     syncs = [i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 256)" in line]
     assert len([i for i in syncs if i < store]) == 2, f"barriers at lines {syncs}, the O store at {store}"
 
-
-def test_mma_row_sum_issues_the_sums_gemm_before_each_p_v(monkeypatch):
-    """``FwdConfig.mma_row_sum`` (one tile; FP8 here): each block's row sums come from an m64 n8
-    WGMMA of P with a shared tile of 1/8, issued just before every P V WGMMA (so
-    ``wait_wgmma(1)`` still leaves only P V in flight) with its accumulator cleared (a row's
-    whole sum in the FP8 accumulator lost up to 7% on an H100), and the tile is filled, fenced
-    for the async proxy and consumer-synced before any WGMMA reads it."""
-    from flashtile.kernels import configs
-    from flashtile.kernels.pipeline import CONSUMERS_SYNC
-
-    cfg = configs.FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True,
-                            mma_row_sum=True)
-    lines = _fp8_d128_forward_source(monkeypatch, cfg)
-    gemms = [(i, line) for i, line in enumerate(lines) if "tl::wgmma_rs<" in line]
-    sums = [i for i, line in gemms if "kFloat32, 64, 8, 32" in line]
-    p_v = [i for i, line in gemms if "kFloat32, 64, 128, 32" in line]
-    assert sums and len(sums) == len(p_v), f"row-sum GEMMs at {sums}, P V GEMMs at {p_v}"
-    assert all(s < v for s, v in zip(sums, p_v)), f"each row-sum GEMM must precede its P V: {sums} vs {p_v}"
-    cleared = ["? 1 : 0));" in lines[i] for i in sums]
-    assert all(cleared), f"each block's row-sum GEMM must start from a cleared accumulator: {[lines[i][-40:] for i in sums]}"
-    assert any("fp8_e4_t(0x1p-3f" in line for line in lines), "the ones tile holds 1/8 (its 8 columns sum to the row sum)"
-    for v in p_v:  # the block's sums reach the fp32 row sums (a quad all-reduce) after its P V wait
-        wait = next(i for i in range(v, len(lines)) if "wait_wgmma<0>" in lines[i])
-        added = next((i for i in range(wait, len(lines)) if "AllReduce<tl::SumOp" in lines[i] or "tl::wgmma_" in lines[i]), None)
-        assert added is not None and "AllReduce<tl::SumOp" in lines[added], f"P V at {v}: no row-sum all-reduce after its wait at {wait}"
-    fence = next(i for i, line in enumerate(lines) if "fence_proxy_async" in line)
-    sync = next(i for i, line in enumerate(lines) if f"__sync_thread_partial({CONSUMERS_SYNC}, 384)" in line)
-    first_gemm = next(i for i, line in enumerate(lines) if "tl::wgmma_" in line)
-    assert fence < sync < first_gemm, f"ones tile: fence {fence}, sync {sync}, first WGMMA {first_gemm}"

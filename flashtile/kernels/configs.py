@@ -44,14 +44,10 @@ class FwdConfig:
     # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
     # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
     explicit_syncs: bool = False
-    # hand-written one-tile only: each block's row sums of P by a WGMMA of P with a tile of 1/8
-    # (N = 8) beside P V, added into the fp32 row sums, instead of one FADD per score (off: this
-    # form has not yet run on a GPU; the first, one accumulator for the whole row, failed there)
-    mma_row_sum: bool = False
 
     def as_kwargs(self) -> dict:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale",
-                                                                  "defer_sum", "explicit_syncs", "mma_row_sum")
+                                                                  "defer_sum", "explicit_syncs")
         return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
 
     @property
@@ -276,9 +272,10 @@ def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = Fal
     takes 80.  ``short`` (``short_forward``): d = 128's dense row for short sequences; the
     long one is 192 x 96 on three consumer warpgroups (192 x 128 spills their 160 registers a
     thread; the persistent pairs spill at 192 x 96).  128 x 160 persistent pairs: 3-10% slower
-    than either d = 128 row (H100, h100-2026-12-07/c).  ``mma_row_sum`` on the one-tile rows was
-    3-5% faster there in its first form, which failed the GPU tests (the lse); the fixed form
-    (per-block sums) is off until it passes them (NOTES, thirty-second session)."""
+    than either d = 128 row (H100, h100-2026-12-07/c).  P's row sums on the tensor cores (a
+    WGMMA of P with a tile of ones beside P V, no FADD per weight) were 1-5% faster at d = 128
+    but sum P after its e4m3 rounding: the lse came out 1-2% off (NOTES, thirty-second and
+    thirty-third sessions); removed."""
     widest = max(dim, dim_v)
     if widest <= 64:
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)

@@ -107,44 +107,6 @@ def rescaler(block_m: int, dim_v: int, skip: bool):
     return rescale
 
 
-def row_sum_columns(fp8: bool) -> int:
-    """Columns of the row sums' GEMM (``mma_row_sum``): the narrowest WGMMA (n8) for FP8; 16 for
-    16-bit P, whose [8, 80] ones tile TileLang 0.1.15 cannot lay out (d = 256's 80-key blocks)."""
-    return 8 if fp8 else 16
-
-
-def row_sum_tiles(block_m: int, block_n: int, dtype: str, fp8: bool):
-    """(ones, sums) for ``mma_row_sum``: a shared [n, block_n] tile of 1 / n (B of P 1, K-major as
-    K in the S GEMM; n = ``row_sum_columns``, 1 / n exact in FP8 and bf16) and the [block_m, n]
-    accumulator of one block's row sums / n, every column the same.  FA3 sums P with one FADD
-    per score; here the tensor cores do it beside P V (n more of that GEMM's ``dim_v`` columns),
-    so the sum is of the rounded P that O uses.
-
-    The accumulator is cleared by every block's GEMM and its n columns added into ``l`` (fp32
-    FADDs, one all-reduce per row per block, ``add_block_sums``): a whole row's sum kept in the
-    FP8 WGMMA's accumulator lost up to 7% over 4k keys (H100, NOTES thirty-second session), as
-    Hopper's FP8 tensor cores add each k32 slice into the accumulator with ~14 bits of
-    mantissa and small addends lose their low bits against a large total."""
-    n = row_sum_columns(fp8)
-    return T.alloc_shared([n, block_n], dtype), T.alloc_fragment([block_m, n], T.float32)
-
-
-@T.macro
-def row_sums_start(sums, threads: int, tx):
-    """Fill the ones tile with 1 / n (consumer threads ``tx < threads``, strided: T.fill's
-    parallel layout needs the tile's size to divide by the thread count, which bf16 d = 64's
-    [16, 128] tile does not over 384 threads) and make it visible to the WGMMAs; zero the sums."""
-    ones = sums[0]
-    n, cols = int(ones.shape[0]), int(ones.shape[1])
-    for i in T.serial(T.ceildiv(n * cols, threads)):
-        e = i * threads + tx
-        if e < n * cols:
-            ones[e // cols, e % cols] = T.cast(1.0 / n, ones.dtype)
-    T.fence_proxy_async()
-    T.sync_threads(CONSUMERS_SYNC, threads)
-    T.clear(sums[1])
-
-
 def fwd_ws_prim_func(
     dim: int,
     dim_v: int,
@@ -163,7 +125,6 @@ def fwd_ws_prim_func(
     skip_rescale: bool = False,
     defer_sum: bool = False,
     explicit_syncs: bool = False,
-    mma_row_sum: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
@@ -173,18 +134,15 @@ def fwd_ws_prim_func(
     row sums, one all-reduce per tile).  Packed (``varlen``) batches take the one-tile
     schedule: the pairs mirror blocks of one row, which needs every row's block count.
     ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
-    paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``mma_row_sum``
-    (one tile): each block's row sums of P by a WGMMA beside P V (``row_sum_tiles``)."""
+    paired schedule's ``epilogue``), for a build without TileLang's sync pass."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
     ops = Operands(dtype, out_dtype)
-    assert not mma_row_sum or (tiles_per_cta == 1 and not defer_sum), "mma_row_sum: the one-tile schedule, no defer_sum"
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum,
-                                    sum_elsewhere=mma_row_sum)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum)
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)
@@ -194,34 +152,12 @@ def fwd_ws_prim_func(
     # d=128 kernel an 8-byte spill.
     bottom_aligned = block_m != block_n
 
-    rescale_o = rescaler(block_m, dim_v, skip_rescale)
-
-    @T.macro
-    def rescale(o, alpha, l):
-        rescale_o(o, alpha)
-        if mma_row_sum:  # l is summed like O (``add_block_sums``), so scaled with it
-            for i in T.Parallel(block_m):
-                l[i] *= alpha[i]
-
-    @T.macro
-    def add_block_sums(sums, l):
-        """After the wait for a block's P V: its row sums (``row_sum_tiles``) into ``l``."""
-        if mma_row_sum:
-            T.reduce_sum(sums[1], l, dim=1, clear=False)
-
-    @T.macro
-    def p_v(p, v_tile, o, sums):
-        """Issue O += P V, and with ``mma_row_sum`` the row sums' GEMM (``row_sum_tiles``) just
-        before it, so that ``wait_wgmma(1)`` still leaves only P V in flight."""
-        if mma_row_sum:
-            T.wgmma_gemm(p, sums[0], sums[1], transpose_B=True, clear_accum=True, policy=FULL_ROW)
-        T.wgmma_gemm(p, v_tile, o, transpose_B=ops.fp8, policy=FULL_ROW)
+    rescale = rescaler(block_m, dim_v, skip_rescale)
 
     @T.macro
     def block_steps(q_tile, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty,
-                    wg, kb_lo, trips, phase, m0, last_row, mask, score_scale, cap_in, sums):
-        """Key blocks 1 .. trips - 1 of a tile whose block 0 is done (its P in ``p``); ``sums``:
-        ``row_sum_tiles`` with ``mma_row_sum``."""
+                    wg, kb_lo, trips, phase, m0, last_row, mask, score_scale, cap_in):
+        """Key blocks 1 .. trips - 1 of a tile whose block 0 is done (its P in ``p``)."""
         mask_args = (m0, last_row, mask, score_scale, cap_in)
         # Blocks t >= 1, two per trip so that ring stages are compile-time
         # indices: K_t sits in stage 1 - st, V_{t-1} in stage st.  Every
@@ -235,19 +171,18 @@ def fwd_ws_prim_func(
                     take_turn(wg)
                     T.wgmma_gemm(q_tile, k_s[1 - st, :, :], s, transpose_B=True, clear_accum=True, policy=FULL_ROW)
                     if not pingpong:
-                        rescale(o, alpha, l)  # O *= alpha_{t-1} while S_t runs
+                        rescale(o, alpha)  # O *= alpha_{t-1} while S_t runs
                     T.barrier_wait(v_full[st], (i & 1) ^ phase)
-                    p_v(p, v_s[st, :, :], o, sums)
+                    T.wgmma_gemm(p, v_s[st, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)
                     pass_turn(wg)
                     T.wait_wgmma(1)
                     T.barrier_arrive(k_empty[1 - st])
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
                     T.wait_wgmma(0)
                     T.barrier_arrive(v_empty[st])
-                    add_block_sums(sums, l)
                     cast_p(s, p)
                     if pingpong:
-                        rescale(o, alpha, l)  # O *= alpha_t: the turn is another warpgroup's
+                        rescale(o, alpha)  # O *= alpha_t: the turn is another warpgroup's
 
     @T.macro
     def epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, sink, score_scale, m0, h, seq, out_scale=None):
@@ -274,7 +209,6 @@ def fwd_ws_prim_func(
             s, p, o, m, m_prev, m_safe, alpha, row_sum, l, lse = tile_fragments(block_m, block_n, dim_v, dtype, defer_sum)
             if defer_sum:
                 T.annotate_layout({l: row_parts_layout(block_m)})
-            sums = row_sum_tiles(block_m, block_n, dtype, ops.fp8) if mma_row_sum else None
             bar_q = T.alloc_barrier(arrive_count=total)
             k_full, v_full, k_empty, v_empty = kv_pipeline_barriers(threads)
 
@@ -297,8 +231,6 @@ def fwd_ws_prim_func(
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)
                 T.clear(l)
-                if mma_row_sum:
-                    row_sums_start(sums, threads, tx)
                 T.fill(m, -T.infinity(acc))
                 T.barrier_wait(bar_q, 0)
                 # A tile that sees no key skips every GEMM (the one-tile schedule, unlike the
@@ -314,17 +246,16 @@ def fwd_ws_prim_func(
                     T.barrier_arrive(k_empty[0])
                     update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
                     cast_p(s, p)
-                block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args, sums)
+                block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args)
                 if n_blocks > 0:  # the last block's P V (its V sits in stage (n_blocks - 1) % 2)
                     last = n_blocks - 1
                     for st in T.unroll(2):
                         if last % 2 == st:
                             if not pingpong:
-                                rescale(o, alpha, l)
+                                rescale(o, alpha)
                             T.barrier_wait(v_full[st], (last // 2) & 1)
-                            p_v(p, v_s[st, :, :], o, sums)
+                            T.wgmma_gemm(p, v_s[st, :, :], o, transpose_B=ops.fp8, policy=FULL_ROW)
                             T.wait_wgmma(0)
-                            add_block_sums(sums, l)
                 if explicit_syncs:
                     epilogue(o, m, m_safe, alpha, row_sum, l, lse, o_s, O, LSE, Sinks[h], score_scale, m0, h, seq, out_scale)
                 else:
@@ -466,10 +397,10 @@ def fwd_ws_prim_func(
                                 epilogue(o, m_last, m_safe, alpha, row_sum, l_last, lse, o_s, O, LSE, Sinks[prev_h], prev_sc, prev_m0, prev_h, seqs.of(prev_b), prev_vd)
                             T.clear(o)
                             cast_p(s, p)
-                            block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args, None)
+                            block_steps(q_s[slot, :, :], k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, trips, phase, *mask_args)
                             T.barrier_arrive(q_empty[slot])  # every S GEMM of the tile has retired
                             if not pingpong:
-                                rescale(o, alpha, None)
+                                rescale(o, alpha)
                             # The last block's V, so the next turn issues its P V at once.
                             last = trips - 1
                             T.barrier_wait(v_full[last % 2], ((last // 2) & 1) ^ phase)

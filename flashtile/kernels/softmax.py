@@ -81,15 +81,13 @@ def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str, defer_sum
 
 
 def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0,
-                   defer_sum: bool = False, sum_elsewhere: bool = False):
+                   defer_sum: bool = False):
     """(update, finish) macros for one tile shape.
 
     ``defer_sum``: ``l`` holds each thread's partial sums of its rows (``row_weights``), so a
     block adds its weights without the two shuffles per row that a row's all-reduce costs; one
     all-reduce per tile in ``finish`` (WGMMA accumulator layouts only: the hand-written
     forward).  The sums then run in another order: ``l`` may differ in the last bits.
-    ``sum_elsewhere``: ``update`` leaves ``l`` alone; the caller adds each block's sums into it
-    and scales it with O (``fwd_ws``'s ``mma_row_sum``).
 
     ``p_offset``: the weights are ``exp2(score - row max + p_offset)`` (FP8 P: 8, so they use
     e4m3's range up to 256, ``operands``); ``l`` carries the same factor, and ``finish`` takes it
@@ -129,9 +127,7 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
                 m_safe[i] = m_safe[i] - p_offset
         for i, j in T.Parallel(block_m, block_n):
             s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
-        if sum_elsewhere:
-            pass  # the caller's row-sum GEMM (fwd_ws.row_sum_tiles)
-        elif defer_sum:
+        if defer_sum:
             # One index pattern per fragment in a T.Parallel loop (TileLang): the columns by a
             # loop, not as one expression over c, c + 8, ...
             for i, c in T.Parallel(block_m, ROW_PARTS):
