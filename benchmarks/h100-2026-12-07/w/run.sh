@@ -5,7 +5,8 @@
 # they go: the same-run A/B of the FP8 rows with and without `mma_row_sum` (NOTES prediction 6)
 # and of bf16 d = 128's one-tile kernel with it against the table's persistent pairs
 # (prediction 7), each config after its GPU tests (`--check`); then the whole GPU suite and the
-# dense bench (fwd + bwd, bf16 and FP8, two rounds, vs cuDNN and flash SDPA).
+# dense bench (fwd + bwd, bf16 and FP8, two rounds, vs cuDNN and flash SDPA).  Ran once (logs/);
+# its 11-field tuples and the staged patch need the tree before 358a509 (`mma_row_sum` removed).
 set -uo pipefail
 OUTDIR=$1; mkdir -p "$OUTDIR/f1"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/summary.txt"
