@@ -10,6 +10,9 @@
 # compute-sanitizer memcheck + racecheck over those cases of benchmarks/sanitize_cases.py).  Carry the kernel
 # cache built here (benchmarks/kernel_cache.sh fill; pack) and the precompile phase is seconds.  BENCH_FLAGS
 # replaces the short bench grid; BENCH_FLAGS=" " runs `flashtile bench`'s full default grid.
+# The device tool returns at most 8 files from $OUT and this writes more (summary, logs of each
+# phase, smi.log, bench.{json,csv,md,png,log}): point $1 at a folder under /tmp and tar it into
+# $OUT after a bounded run, as benchmarks/h100-2026-12-07/x/run.sh does.
 set -uo pipefail
 out=${1:-${OUT:-device-out}}
 mkdir -p "$out"
