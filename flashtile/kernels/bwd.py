@@ -247,8 +247,14 @@ def attention_bwd_dkdv(
     num_stages: int = 2,
     threads: int = 256,
     overlap: bool = False,
+    dq_regs: bool = False,
 ):
     """dK, dV (and with ``with_dq`` the fp32 dQ accumulation) for one key block per CTA.
+
+    ``dq_regs``: each step's dQ tile is reduce-added into ``dQacc`` straight from the GEMM's
+    registers (vector ``red.global.add.f32``), not staged in shared memory for a TMA
+    reduce-add.  At d = 256 the staged tile is 64 KB of fp32, which is what keeps the Q / dO
+    loads to one stage; without it two stages fit.
 
     Arguments: Q, K, V, dO, LSE2, Delta, dQacc (B, Sq, H, dim) fp32 (zeroed by the caller;
     untouched without ``with_dq``), dK, dV outputs, then scalars ``score_scale`` (log2 units,
@@ -293,7 +299,8 @@ def attention_bwd_dkdv(
             capT = T.alloc_fragment([block_n, block_m], acc) if has_softcap else None
             if with_dq:
                 dq = T.alloc_fragment([block_m, dim], acc)
-                dq_s = T.alloc_shared([block_m, dim], acc)
+                if not dq_regs:
+                    dq_s = T.alloc_shared([block_m, dim], acc)
 
             n0 = bx * block_n
             groups = H // Hkv
@@ -344,9 +351,12 @@ def attention_bwd_dkdv(
                 T.gemm(ds_s if split_cols else dsT, q_s, dk, policy=policy)
                 if with_dq:
                     T.gemm(ds_s, k_s, dq, transpose_A=True, clear_accum=True)
-                    T.copy(dq, dq_s)
                     # Rows past a packed sequence's end add exact zeros (their P is masked).
-                    T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq_s, use_tma=True)
+                    if dq_regs:
+                        T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq)
+                    else:
+                        T.copy(dq, dq_s)
+                        T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq_s, use_tma=True)
 
             seqinfo.store_k_tile(seq, dk, dk_s, dK, n0, block_n, hk, dim)
             seqinfo.store_k_tile(seq, dv, dv_s, dV, n0, block_n, hk, dim_v)

@@ -69,10 +69,12 @@ class BwdConfig:
     manual_ws: bool = False  # hand-written warp specialisation (kernels/bwd_ws.py), not the builder's
     dq_turns: bool = False  # hand-written only: the consumer warpgroups take turns computing dQ
     persistent: bool = False  # hand-written only: one CTA per SM walks the key tiles by ticket
+    dq_regs: bool = False  # builder only: dQ reduce-added from registers, no shared-memory dQ tile
 
     def as_kwargs(self) -> dict:
-        hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "dq_turns", "persistent")
-        return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
+        skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent")
+        # Off, ``dq_regs`` is left out: the kernels built before it keep their structure ids' arguments.
+        return {k: v for k, v in asdict(self).items() if k not in skip and (k != "dq_regs" or v)}
 
     @property
     def builder(self) -> str:
