@@ -55,7 +55,36 @@ def test_backward_builds(dim, dim_v, dtype):
     _, main, _ = get_backward_kernels(dim, dim_v, dt, has_softcap=False, has_dlse=False, deterministic=False)
     src = main.get_kernel_source()
     _assert_hopper(src, f"bwd d={dim}/{dim_v} {dt}")
-    assert "tma_store_add" in src, "default backward should reduce dQ with TMA reduce-add"
+    _assert_dq_reduction(src, configs.bwd_config(dim, dim_v, dt, "full"), f"bwd d={dim}/{dim_v} {dt}")
+
+
+def _assert_dq_reduction(src: str, cfg, what: str) -> None:
+    """dQ leaves the default backward by TMA reduce-add from shared memory, or with ``dq_regs``
+    by vector atomics from registers, each behind a test of its row against the buffer's end
+    (odd lengths: the last query block's rows past ``Sq`` must not be written)."""
+    if not cfg.dq_regs:
+        assert "tma_store_add" in src, f"{what}: dQ should be reduced with TMA reduce-add"
+        return
+    assert "tma_store_add" not in src and "dq_s" not in src, f"{what}: dq_regs still stages dQ in shared memory"
+    lines = src.splitlines()
+    adds = [i for i, line in enumerate(lines) if "AtomicAddx2((&(dQacc[" in line]
+    assert adds, f"{what}: no vector atomic add into dQacc"
+    for i in adds:
+        guard = next((lines[j] for j in range(i - 1, max(i - 8, 0), -1) if lines[j].lstrip().startswith("if (")), "")
+        assert "< Sq)" in guard or "< Tq)" in guard, f"{what}: dQacc atomic at line {i} without a row test: {guard!r}"
+
+
+def test_dq_regs_backward_builds(monkeypatch):
+    """The d = 256 backward with ``dq_regs`` and two Q / dO stages (shared memory freed by the
+    dQ tile) lowers with its row-guarded vector atomics."""
+    from flashtile.kernels.launch import backward_kernels as get_backward_kernels
+
+    cfg = configs.BwdConfig(block_n=64, block_m=64, num_stages=2, threads=256, overlap=True, dq_regs=True)
+    monkeypatch.setitem(configs.overrides, "bwd", cfg)
+    _, main, _ = get_backward_kernels(256, 256, "bfloat16", has_softcap=False, has_dlse=False, deterministic=False)
+    src = main.get_kernel_source()
+    _assert_hopper(src, "bwd d=256 dq_regs")
+    _assert_dq_reduction(src, cfg, "bwd d=256 dq_regs")
 
 
 @pytest.mark.parametrize("dim,dim_v", [(128, 128), (192, 128)])
