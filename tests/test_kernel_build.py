@@ -60,18 +60,21 @@ def test_backward_builds(dim, dim_v, dtype):
 
 def _assert_dq_reduction(src: str, cfg, what: str) -> None:
     """dQ leaves the default backward by TMA reduce-add from shared memory, or with ``dq_regs``
-    by vector atomics from registers, each behind a test of its row against the buffer's end
-    (odd lengths: the last query block's rows past ``Sq`` must not be written)."""
+    by vector atomics from registers: unguarded in a query block that lies inside the sequence
+    (``(dq_m0 + 64) <= Sq``), else each behind a test of its row (odd lengths: the last query
+    block's rows past ``Sq`` must not be written).  The builder turns TileLang's own guards
+    off, so these tests are the only ones."""
     if not cfg.dq_regs:
         assert "tma_store_add" in src, f"{what}: dQ should be reduced with TMA reduce-add"
         return
     assert "tma_store_add" not in src and "dq_s" not in src, f"{what}: dq_regs still stages dQ in shared memory"
     lines = src.splitlines()
     adds = [i for i, line in enumerate(lines) if "AtomicAddx2((&(dQacc[" in line]
-    assert adds, f"{what}: no vector atomic add into dQacc"
-    for i in adds:
-        guard = next((lines[j] for j in range(i - 1, max(i - 8, 0), -1) if lines[j].lstrip().startswith("if (")), "")
-        assert "< Sq)" in guard or "< Tq)" in guard, f"{what}: dQacc atomic at line {i} without a row test: {guard!r}"
+    assert len(adds) == 2, f"{what}: expected a whole-block and a row-tested vector atomic into dQacc, found {len(adds)}"
+    tests = [next((lines[j].strip() for j in range(i - 1, max(i - 8, 0), -1) if lines[j].lstrip().startswith("if (")), "")
+             for i in adds]
+    assert f"(dq_m0 + {cfg.block_m}) <= Sq)" in tests[0], f"{what}: the unguarded atomics are not behind the block test: {tests[0]!r}"
+    assert tests[1].endswith("+ dq_m0) < Sq) {"), f"{what}: the tail's atomics are not behind a row test: {tests[1]!r}"
 
 
 def test_dq_regs_backward_builds(monkeypatch):

@@ -28,7 +28,7 @@ import tilelang.language as T
 
 from . import seqinfo
 from .masks import TileMask, block_fully_visible, in_sequence, pipelined_trips, query_block_range, query_tile, visible
-from .target import PASS_CONFIGS, TARGET
+from .target import PASS_CONFIGS, SELF_GUARDED_PASS_CONFIGS, TARGET
 
 
 def query_step(t, hk, groups, qb_lo, n_qblocks, block_m):
@@ -234,8 +234,7 @@ def dq_prim_func(dim: int, dim_v: int, dtype: str, varlen: bool, kernel):
     return main_varlen
 
 
-@tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)
-def attention_bwd_dkdv(
+def dkdv_kernel(
     dim: int,
     dim_v: int,
     dtype: str,
@@ -254,7 +253,7 @@ def attention_bwd_dkdv(
     ``dq_regs``: each step's dQ tile is reduce-added into ``dQacc`` straight from the GEMM's
     registers (vector ``red.global.add.f32``), not staged in shared memory for a TMA
     reduce-add.  At d = 256 the staged tile is 64 KB of fp32, which is what keeps the Q / dO
-    loads to one stage; without it two stages fit.
+    loads to one stage; without it two stages fit.  Built by ``attention_bwd_dkdv_regs``.
 
     Arguments: Q, K, V, dO, LSE2, Delta, dQacc (B, Sq, H, dim) fp32 (zeroed by the caller;
     untouched without ``with_dq``), dK, dV outputs, then scalars ``score_scale`` (log2 units,
@@ -355,11 +354,21 @@ def attention_bwd_dkdv(
                     if dq_regs:
                         # The step's head and first row in registers: as expressions (divisions
                         # by the group's block count) nvcc re-derived them for every element's
-                        # address, ~120 SASS instructions per vector atomic; now ~22 (the 64-bit
-                        # address and TileLang's row / head guards, per element).
+                        # address (~120 SASS instructions per vector atomic).  Rows past the
+                        # sequence's end are skipped here, tested per element only in a query
+                        # block that has such rows: a test around each element splits the
+                        # unrolled loop into blocks and nvcc recomputes every 64-bit address
+                        # (~20 instructions per atomic, as with TileLang's own guards, which
+                        # are off for this builder).
                         dq_h = T.alloc_var(T.int32, init=h)[0]
                         dq_m0 = T.alloc_var(T.int32, init=m0)[0]
-                        T.atomic_add(seq.q_rows(dQacc, dq_m0, block_m, dq_h), dq)
+                        if dq_m0 + block_m <= seq.len_q:
+                            for i, j in T.Parallel(block_m, dim):
+                                T.atomic_add(dQacc[seq.b, seq.q0 + dq_m0 + i, dq_h, j], dq[i, j])
+                        else:
+                            for i, j in T.Parallel(block_m, dim):
+                                if dq_m0 + i < seq.len_q:
+                                    T.atomic_add(dQacc[seq.b, seq.q0 + dq_m0 + i, dq_h, j], dq[i, j])
                     else:
                         T.copy(dq, dq_s)
                         T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq_s, use_tma=True)
@@ -368,6 +377,12 @@ def attention_bwd_dkdv(
             seqinfo.store_k_tile(seq, dv, dv_s, dV, n0, block_n, hk, dim_v)
 
     return dkdv_prim_func(dim, dim_v, dtype, varlen, kernel)
+
+
+attention_bwd_dkdv = tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)(dkdv_kernel)
+# ``dq_regs``: the dQ reduction is the kernel's only global access outside TMA, and it tests its
+# own rows, so TileLang's safe-memory pass (a row and a head test around every element) is off.
+attention_bwd_dkdv_regs = tilelang.jit(target=TARGET, pass_configs=SELF_GUARDED_PASS_CONFIGS)(dkdv_kernel)
 
 
 @tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)

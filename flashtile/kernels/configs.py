@@ -78,7 +78,9 @@ class BwdConfig:
 
     @property
     def builder(self) -> str:
-        return "bwd_ws.attention_bwd_dkdv_ws" if self.manual_ws else "bwd.attention_bwd_dkdv"
+        if self.manual_ws:
+            return "bwd_ws.attention_bwd_dkdv_ws"
+        return "bwd.attention_bwd_dkdv_regs" if self.dq_regs else "bwd.attention_bwd_dkdv"
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,17 @@ def _pass_configs() -> dict:
     # named consumer barrier.  TileLang's sync insertion is switched off for them: it adds
     # conservative consumer-wide barriers (three per step in the dK/dV kernel), and inside a
     # persistent tile loop it cannot place them at all ("divergent region" error).
+    # Kernels whose every global access is TMA or tests its own bounds (``bwd.attention_bwd_dkdv_regs``):
+    # TileLang's safe-memory pass would wrap each element in a row and a head test.
     return {"PASS_CONFIGS": fast_math,
-            "WS_PASS_CONFIGS": {**fast_math, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}}
+            "WS_PASS_CONFIGS": {**fast_math, tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True},
+            "SELF_GUARDED_PASS_CONFIGS": {**fast_math, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True}}
 
 
 def __getattr__(name: str):
-    """``PASS_CONFIGS`` / ``WS_PASS_CONFIGS``, made on the first read: their keys are TileLang's,
+    """``PASS_CONFIGS`` / ``WS_PASS_CONFIGS`` / ``SELF_GUARDED_PASS_CONFIGS``, made on the first read: their keys are TileLang's,
     and the launcher imports this module (``sm_count``) without importing TileLang."""
-    if name in ("PASS_CONFIGS", "WS_PASS_CONFIGS"):
+    if name in ("PASS_CONFIGS", "WS_PASS_CONFIGS", "SELF_GUARDED_PASS_CONFIGS"):
         return _pass_configs()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
