@@ -79,7 +79,7 @@ def _assert_dq_reduction(src: str, cfg, what: str) -> None:
 
 def test_dq_regs_backward_builds(monkeypatch):
     """The d = 256 backward with ``dq_regs`` and two Q / dO stages (shared memory freed by the
-    dQ tile) lowers with its row-guarded vector atomics."""
+    dQ tile) lowers with its vector atomics: whole blocks unguarded, the tail block row-tested."""
     from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
     cfg = configs.BwdConfig(block_n=64, block_m=64, num_stages=2, threads=256, overlap=True, dq_regs=True)

@@ -350,7 +350,6 @@ def dkdv_kernel(
                 T.gemm(ds_s if split_cols else dsT, q_s, dk, policy=policy)
                 if with_dq:
                     T.gemm(ds_s, k_s, dq, transpose_A=True, clear_accum=True)
-                    # Rows past a packed sequence's end add exact zeros (their P is masked).
                     if dq_regs:
                         # The step's head and first row in registers: as expressions (divisions
                         # by the group's block count) nvcc re-derived them for every element's
@@ -371,6 +370,7 @@ def dkdv_kernel(
                                     T.atomic_add(dQacc[seq.b, seq.q0 + dq_m0 + i, dq_h, j], dq[i, j])
                     else:
                         T.copy(dq, dq_s)
+                        # Rows past a packed sequence's end add exact zeros (their P is masked).
                         T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), dq_s, use_tma=True)
 
             seqinfo.store_k_tile(seq, dk, dk_s, dK, n0, block_n, hk, dim)
@@ -380,8 +380,10 @@ def dkdv_kernel(
 
 
 attention_bwd_dkdv = tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)(dkdv_kernel)
-# ``dq_regs``: the dQ reduction is the kernel's only global access outside TMA, and it tests its
-# own rows, so TileLang's safe-memory pass (a row and a head test around every element) is off.
+# ``dq_regs``: TileLang's safe-memory pass (a row and a head test around every element of the dQ
+# reduction) is off.  The reduction tests its own rows; every other global access is TMA, or in a
+# packed batch the sequence search's reads of cu_seqlens / lengths at entries below the batch
+# size, in bounds by construction (the pass's tests there were redundant; generated CUDA read).
 attention_bwd_dkdv_regs = tilelang.jit(target=TARGET, pass_configs=SELF_GUARDED_PASS_CONFIGS)(dkdv_kernel)
 
 
