@@ -88,6 +88,10 @@ def test_dq_regs_backward_builds(monkeypatch):
     src = main.get_kernel_source()
     _assert_hopper(src, "bwd d=256 dq_regs")
     _assert_dq_reduction(src, cfg, "bwd d=256 dq_regs")
+    # Its builder turns TileLang's safe-memory guards off: every other global access must stay
+    # TMA (a pointer argument indexed in the CUDA would now go unguarded).
+    pointers = set(re.findall(r"__restrict__ (\w+)", src))
+    assert pointers == {"dQacc"}, f"bwd d=256 dq_regs: unguarded global pointers {sorted(pointers)}"
 
 
 @pytest.mark.parametrize("dim,dim_v", [(128, 128), (192, 128)])

@@ -383,7 +383,9 @@ attention_bwd_dkdv = tilelang.jit(target=TARGET, pass_configs=PASS_CONFIGS)(dkdv
 # ``dq_regs``: TileLang's safe-memory pass (a row and a head test around every element of the dQ
 # reduction) is off.  The reduction tests its own rows; every other global access is TMA, or in a
 # packed batch the sequence search's reads of cu_seqlens / lengths at entries below the batch
-# size, in bounds by construction (the pass's tests there were redundant; generated CUDA read).
+# size and the tail tile's dK / dV stores (``seqinfo.store_k_tail``, rows tested against the
+# sequence's end), in bounds by construction: the pass's tests there were redundant (generated
+# CUDA read; ``tests/test_kernel_build.py`` keeps the dense kernel's pointers to dQacc alone).
 attention_bwd_dkdv_regs = tilelang.jit(target=TARGET, pass_configs=SELF_GUARDED_PASS_CONFIGS)(dkdv_kernel)
 
 
