@@ -9,11 +9,7 @@
 set -uo pipefail
 OUTDIR=$1; w=/tmp/a; mkdir -p "$w"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$w/ab_summary.txt"
-t0=$(date +%s)
-timeout ${TUNE_S:-170} python3 benchmarks/tune.py bwd --headdim 256 --seqlen 4096 16384 --check --repeat 2 --jobs 8 \
-  --configs 64,64,1,256,1 64,64,1,256,1,0,0,0,1 64,64,2,256,1,0,0,0,1 > "$w/tune_bwd256.txt" 2>&1
-echo "tune bwd d256 rc=$? $(( $(date +%s) - t0 ))s" >> "$w/ab_summary.txt"
-grep -hE "^TUNE|^CHECK|Error|error" "$w/tune_bwd256.txt" | cut -c1-160 | tee "$OUTDIR/tune_lines.txt"
+bash benchmarks/h200-2026-12-07/ab_bwd256.sh "$w" "$OUTDIR" "$w/ab_summary.txt"
 PRECOMPILE_S=40 TESTS_S=${TESTS_S:-230} BENCH_S=${BENCH_S:-130} BENCH_FLAGS="--headdim 64 128 256 --seqlen 1k 4k 16k --mode fwd bwd --rounds 2 --backends flashtile flashtile-fp8 cudnn flash" \
   timeout ${TOTAL_S:-420} bash benchmarks/device_session.sh "$w" > "$w/session.log" 2>&1
 tar czf "$OUTDIR/logs.tgz" -C "$w" .

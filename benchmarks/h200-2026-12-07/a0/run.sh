@@ -9,11 +9,7 @@ set -uo pipefail
 OUTDIR=$1
 export TILELANG_CACHE_DIR=/tmp/tlcache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/summary.txt"
-t0=$(date +%s)
-timeout ${TUNE_S:-300} python3 benchmarks/tune.py bwd --headdim 256 --seqlen 4096 16384 --check --repeat 2 --jobs 12 \
-  --configs 64,64,1,256,1 64,64,1,256,1,0,0,0,1 64,64,2,256,1,0,0,0,1 > /tmp/tune_bwd256.txt 2>&1
-echo "tune bwd d256 rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
-grep -hE "^TUNE|^CHECK|^built|Error|error|mismatch" /tmp/tune_bwd256.txt | cut -c1-170 | tee "$OUTDIR/tune_lines.txt"
+TUNE_S=${TUNE_S:-300} TUNE_JOBS=12 bash benchmarks/h200-2026-12-07/ab_bwd256.sh /tmp "$OUTDIR" "$OUTDIR/summary.txt"
 xz -c /tmp/tune_bwd256.txt > "$OUTDIR/tune_bwd256.txt.xz"
 t0=$(date +%s)
 mkdir -p /tmp/p && NCU_S=${NCU_S:-150} bash benchmarks/h100-2026-12-07/p/run.sh /tmp/p 2>&1 | tail -n 45

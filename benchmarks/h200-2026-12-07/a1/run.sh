@@ -6,11 +6,7 @@
 set -uo pipefail
 OUTDIR=$1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/summary.txt"
-t0=$(date +%s)
-timeout ${TUNE_S:-120} python3 benchmarks/tune.py bwd --headdim 256 --seqlen 4096 16384 --check --repeat 2 --jobs 8 \
-  --configs 64,64,1,256,1 64,64,1,256,1,0,0,0,1 64,64,2,256,1,0,0,0,1 > /tmp/tune_bwd256.txt 2>&1
-echo "tune bwd d256 rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
-grep -hE "^TUNE|^CHECK|Error|error|mismatch" /tmp/tune_bwd256.txt | cut -c1-170 | tee "$OUTDIR/tune_lines.txt"
+TUNE_S=${TUNE_S:-120} bash benchmarks/h200-2026-12-07/ab_bwd256.sh /tmp "$OUTDIR" "$OUTDIR/summary.txt"
 t0=$(date +%s)
 timeout ${TESTS_S:-110} python3 -m pytest -q -m gpu -p no:cacheprovider tests/ \
   -k "(256 or 192) and not fp8 and not decode and not kvcache and not Fp8" > /tmp/gpu_tests.log 2>&1
