@@ -325,9 +325,10 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
     # measured 13-31% / 24-33% slower (H100, h100-2026-12-07/c).  S^T and dP^T async
     # (``overlap``) was 1-3% faster there in both rounds of 4k / 16k, full and causal, and
     # passed the whole GPU suite (h100-2026-12-07/w: d = 192 and the softcap / GQA /
-    # deterministic variants included).  Not yet measured (thirty-fourth session, no device
-    # call started; NOTES prediction 8): dQ reduce-added from registers (``dq_regs``), which
-    # frees the 64 KB dQ tile for a second Q / dO stage (``tune.py``'s d = 256 candidates).
+    # deterministic variants included).  dQ reduce-added from registers (``dq_regs``, which
+    # frees the 64 KB dQ tile for a second Q / dO stage) measured 15-25% slower with one or
+    # two stages in all eight timings (H100, h100-2026-12-07b/c, NOTES prediction 8): the
+    # second stage changed nothing, the per-lane reductions cost it.
     return BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True)
 
 
