@@ -24,3 +24,7 @@ for r in rows[2:]:
   rm -f "$OUTDIR/$name.ncu-rep"
 done
 ls -la "$OUTDIR"
+# Issue 19 item 5's figure, not re-measured since the twenty-seventh session: the deterministic
+# backward's time over the default's, same process.
+timeout ${DET_S:-100} python3 benchmarks/det_ratio.py --headdim 64 128 256 --seqlen 4096 16384 --rounds 2 > "$OUTDIR/det_ratio.txt" 2>&1
+echo "det_ratio rc=$?"; tail -n 30 "$OUTDIR/det_ratio.txt"
