@@ -7,7 +7,7 @@ set -uo pipefail
 OUTDIR=$1; repo=$PWD
 bash benchmarks/kernel_cache.sh unpack > /dev/null
 red=lts__t_requests_op_red.sum,lts__t_sectors_op_red.sum,l1tex__t_requests_pipe_lsu_mem_global_op_red.sum,lts__t_sectors_srcunit_tex_op_red.sum,lts__d_sectors_fill_sysmem.sum,smsp__inst_executed_op_global_red.sum
-for v in table:"" regs2:"--config bwd:64,64,2,256,1,0,0,0,1"; do
+for v in ${VARIANTS:-table: regs2:--config=bwd:64,64,2,256,1,0,0,0,1}; do  # name:flags
   name=${v%%:*}; flags=${v#*:}
   (cd /tmp && timeout ${NCU_S:-100} ncu --clock-control none --profile-from-start off --kernel-name regex:'main' \
     --set full --metrics "$red" -o "$OUTDIR/$name" python3 "$repo/benchmarks/ncu_dense.py" --backward --headdim 256 --seqlen 4096 $flags \
