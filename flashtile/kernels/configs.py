@@ -44,11 +44,16 @@ class FwdConfig:
     # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
     # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
     explicit_syncs: bool = False
+    # hand-written pairs only (not measured yet, NOTES prediction 9): the producer holds each
+    # tile's query head, kv head and batch entry in registers instead of re-deriving them (two
+    # integer divisions each) for every K/V load
+    producer_regs: bool = False
 
     def as_kwargs(self) -> dict:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale",
-                                                                  "defer_sum", "explicit_syncs")
-        return {k: v for k, v in asdict(self).items() if k not in hand_written_only}
+                                                                  "defer_sum", "explicit_syncs", "producer_regs")
+        # Off, ``producer_regs`` is left out: the kernels built before it keep their structure ids' arguments.
+        return {k: v for k, v in asdict(self).items() if k not in hand_written_only and (k != "producer_regs" or v)}
 
     @property
     def builder(self) -> str:
@@ -117,7 +122,7 @@ def _env_fwd_flags(text: str) -> dict:
     developer switch that runs the GPU suite, precompile and benchmarks with a candidate flag
     on every hand-written forward row (its worker processes inherit it).  While it is set the
     launcher does not memoise its kernel choice (``launch._memoised``: overrides may change)."""
-    fields = {"pingpong", "skip_rescale", "defer_sum"}
+    fields = {"pingpong", "skip_rescale", "defer_sum", "producer_regs"}
     counts = {"tiles_per_cta": ("0", "1", "2")}  # 0 persistent, 1 one tile a CTA, 2 a pair
     flags = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -218,7 +223,10 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
         return overrides["fwd"]
     config = _fwd_row(dim, dim_v, dtype, kind, varlen, short)
     if overrides.get("fwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
-        return replace(config, **overrides["fwd_flags"])
+        flags = dict(overrides["fwd_flags"])
+        if flags.get("tiles_per_cta", config.tiles_per_cta) == 1:
+            flags.pop("producer_regs", None)  # a one-tile CTA's producer has no tile loop
+        return replace(config, **flags)
     return config
 
 

@@ -125,6 +125,7 @@ def fwd_ws_prim_func(
     skip_rescale: bool = False,
     defer_sum: bool = False,
     explicit_syncs: bool = False,
+    producer_regs: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
@@ -134,11 +135,15 @@ def fwd_ws_prim_func(
     row sums, one all-reduce per tile).  Packed (``varlen``) batches take the one-tile
     schedule: the pairs mirror blocks of one row, which needs every row's block count.
     ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
-    paired schedule's ``epilogue``), for a build without TileLang's sync pass."""
+    paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``producer_regs``
+    (paired schedules): the producer keeps each tile's query head, kv head and batch entry in
+    registers; as ``tile_pair``'s expressions they are re-derived, two integer divisions each,
+    for every K/V load it issues."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
+    assert not producer_regs or tiles_per_cta != 1, "producer_regs: the paired schedules' producer"
     ops = Operands(dtype, out_dtype)
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
@@ -317,12 +322,22 @@ def fwd_ws_prim_func(
             wg = tx // 128  # consumer warpgroup
             groups = H // Hkv
 
+            if producer_regs:
+                load_h = T.alloc_var(T.int32, init=0)
+                load_hk = T.alloc_var(T.int32, init=0)
+                load_b = T.alloc_var(T.int32, init=0)
+
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
                 for it in T.serial(T.ceildiv(n_items - cta, grid)):
                     for half in T.serial(2):
                         h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
                         tile_bx = bx
+                        if producer_regs:
+                            load_h = h
+                            load_b = b
+                            load_hk = h // groups
+                            h, b = load_h, load_b
                         seq = seqs.of(b)
                         mask = TileMask(seq, left, right)
                         if real:
@@ -335,7 +350,8 @@ def fwd_ws_prim_func(
                             T.barrier_wait(q_empty[slot], ((tiles // 2) & 1) ^ 1)
                             T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s[slot, :, :], barrier=q_full[slot])
                             T.barrier_arrive(q_full[slot])
-                            load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, h // groups, seq, phase)
+                            load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips,
+                                    load_hk if producer_regs else h // groups, seq, phase)
                             if trips % 2 == 1:  # stage 1's empty turn
                                 T.barrier_wait(k_empty[1], ((trips // 2) & 1) ^ 1 ^ phase)
                                 T.barrier_arrive(k_full[1])
