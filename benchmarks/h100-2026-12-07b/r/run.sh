@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prediction 9's call (written in the thirty-sixth session, not yet run): `FwdConfig.producer_regs`
+# on the paired forwards (the d = 64 short row, the d = 128 long row), then the forward GPU tests
+# with the flag on every paired row.  ~4-5 minutes on an H100 with the kernel pack carried
+# (the candidates' kernels are built on the device: TUNE_JOBS).
+#
+#   bash benchmarks/h100-2026-12-07b/r/run.sh $OUT
+#
+# Configs (tune.py's fwd notation: block_m, block_n, stages, threads, manual_ws, pingpong,
+# tiles_per_cta, skip_rescale, defer_sum, explicit_syncs, producer_regs):
+#   d = 64 short row, causal (pingpong) and full (no turns); d = 128 long row (persistent pairs).
+set -uo pipefail
+OUTDIR=$1; w=/tmp/r; mkdir -p "$w"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/summary.txt"
+bash benchmarks/kernel_cache.sh unpack > /dev/null
+t0=$(date +%s)
+timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim 64 --seqlen 1024 4096 --check --repeat 2 --jobs ${TUNE_JOBS:-12} \
+  --configs 128,128,2,256,1,1,0,0,1,0 128,128,2,256,1,1,0,0,1,0,1 128,128,2,256,1,0,0,0,1,0 128,128,2,256,1,0,0,0,1,0,1 \
+  > "$w/tune_d64.txt" 2>&1
+echo "tune d64 rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
+t0=$(date +%s)
+timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim 128 --seqlen 4096 16384 --check --repeat 2 --jobs ${TUNE_JOBS:-12} \
+  --configs 128,128,2,256,1,1,0,0,0,0 128,128,2,256,1,1,0,0,0,0,1 > "$w/tune_d128.txt" 2>&1
+echo "tune d128 rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
+grep -hE "^TUNE|^CHECK|Error|error|mismatch" "$w"/tune_d*.txt | cut -c1-170 | tee "$OUTDIR/tune_lines.txt"
+t0=$(date +%s)
+FLASHTILE_FWD_FLAGS=producer_regs=1 timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_gpu_kernels.py tests/test_gpu_fp8.py tests/test_degenerate.py > "$w/gpu_tests.log" 2>&1
+echo "forward GPU tests, producer_regs=1 on every paired row: rc=$? $(( $(date +%s) - t0 ))s: $(tail -n 1 "$w/gpu_tests.log")" | tee -a "$OUTDIR/summary.txt"
+grep -E "FAILED|ERROR" "$w/gpu_tests.log" | head -n 15
+tar czf "$OUTDIR/logs.tgz" -C "$w" .
