@@ -293,23 +293,25 @@ def _tma_load_lines(src: str, tensor: str) -> list[str]:
     return [line for line in src.splitlines() if f"tl::tma_load({tensor}_desc" in line]
 
 
-def test_producer_regs_loads_from_registers(monkeypatch):
-    """``FwdConfig.producer_regs`` (the paired schedules' producer): every K/V/Q load takes its
-    head and batch coordinates from per-tile registers, not from ``tile_pair``'s expressions,
-    which the default build re-derives (integer divisions) for each load; the default kernel's
-    code is unchanged by the option existing (it is left out of the structure when off)."""
+@pytest.mark.parametrize("dim,short", [(64, True), (256, False)], ids=["d64-pairs", "d256-one-tile"])
+def test_producer_regs_loads_from_registers(monkeypatch, dim, short):
+    """``FwdConfig.producer_regs``: every K/V/Q load takes its coordinates from registers the
+    producer set once per tile, not from the tile's expressions (``tile_pair``'s heads and batch
+    entry, ``query_tile``'s first key block), which the default build re-derives, integer
+    divisions included, for each load; the default kernel's code is unchanged by the option
+    existing (it is left out of the structure when off)."""
     from dataclasses import replace
 
     from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
-    default = configs.fwd_config(64, 64, torch.bfloat16, "local", short=True)
-    assert default.tiles_per_cta != 1 and not default.producer_regs and "producer_regs" not in default.as_kwargs()
-    src = get_forward_kernel(64, 64, "bfloat16", False, False, window=(-1, 0), short=True).get_kernel_source()
-    assert any("rdiv" in line or "rmod" in line for line in _tma_load_lines(src, "K")), \
-        "the default producer's K loads were expected to re-derive the tile's head (if not, the option is moot)"
+    default = configs.fwd_config(dim, dim, torch.bfloat16, "local", short=short)
+    assert default.manual_ws and not default.producer_regs and "producer_regs" not in default.as_kwargs()
+    src = get_forward_kernel(dim, dim, "bfloat16", False, False, window=(-1, 0), short=short).get_kernel_source()
+    assert any(re.search(r"rdiv|rmod|/|%", line) for line in _tma_load_lines(src, "K")), \
+        "the default producer's K loads were expected to re-derive the tile's coordinates (if not, the option is moot)"
     monkeypatch.setitem(configs.overrides, "fwd", replace(default, producer_regs=True))
-    src = get_forward_kernel(64, 64, "bfloat16", False, False, window=(-1, 0), short=True).get_kernel_source()
-    loads = _tma_load_lines(src, "Q") + _tma_load_lines(src, "K") + _tma_load_lines(src, "V")
-    assert len(loads) == 3, f"expected one Q, K and V load site, got {len(loads)}"
-    derived = [line.strip() for line in loads if "rdiv" in line or "rmod" in line]
+    src = get_forward_kernel(dim, dim, "bfloat16", False, False, window=(-1, 0), short=short).get_kernel_source()
+    loads = _tma_load_lines(src, "K") + _tma_load_lines(src, "V")
+    assert loads, "no K/V TMA loads found"
+    derived = [line.strip() for line in loads if re.search(r"rdiv|rmod|/|%", line)]
     assert not derived, f"loads still re-derive the tile's coordinates: {derived}"

@@ -44,9 +44,9 @@ class FwdConfig:
     # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
     # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
     explicit_syncs: bool = False
-    # hand-written pairs only (not measured yet, NOTES prediction 9): the producer holds each
-    # tile's query head, kv head and batch entry in registers instead of re-deriving them (two
-    # integer divisions each) for every K/V load
+    # hand-written only (not measured yet, NOTES prediction 9): the producer holds the tile's
+    # coordinates (heads, batch entry, key range) in registers instead of re-deriving them,
+    # integer divisions included, for every K/V load
     producer_regs: bool = False
 
     def as_kwargs(self) -> dict:
@@ -223,10 +223,7 @@ def fwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool
         return overrides["fwd"]
     config = _fwd_row(dim, dim_v, dtype, kind, varlen, short)
     if overrides.get("fwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
-        flags = dict(overrides["fwd_flags"])
-        if flags.get("tiles_per_cta", config.tiles_per_cta) == 1:
-            flags.pop("producer_regs", None)  # a one-tile CTA's producer has no tile loop
-        return replace(config, **flags)
+        return replace(config, **overrides["fwd_flags"])
     return config
 
 

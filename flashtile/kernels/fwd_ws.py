@@ -135,15 +135,14 @@ def fwd_ws_prim_func(
     row sums, one all-reduce per tile).  Packed (``varlen``) batches take the one-tile
     schedule: the pairs mirror blocks of one row, which needs every row's block count.
     ``explicit_syncs`` (one tile, dense): the epilogue orders its shared memory itself (the
-    paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``producer_regs``
-    (paired schedules): the producer keeps each tile's query head, kv head and batch entry in
-    registers; as ``tile_pair``'s expressions they are re-derived, two integer divisions each,
-    for every K/V load it issues."""
+    paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``producer_regs``:
+    the producer keeps the tile's coordinates in registers (paired: query head, kv head, batch
+    entry; one tile: first key block, block count, kv head); as expressions (``tile_pair``'s,
+    ``query_tile``'s) they are re-derived, integer divisions included, for every K/V load."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
     assert not explicit_syncs or (tiles_per_cta == 1 and not varlen), "explicit syncs: the dense one-tile schedule"
-    assert not producer_regs or tiles_per_cta != 1, "producer_regs: the paired schedules' producer"
     ops = Operands(dtype, out_dtype)
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
@@ -231,7 +230,13 @@ def fwd_ws_prim_func(
             T.barrier_arrive(bar_q)
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
-                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), seq)
+                if producer_regs:  # registers: as expressions they are re-derived for every load
+                    load_kb = T.alloc_var(T.int32, init=kb_lo)[0]
+                    load_n = T.alloc_var(T.int32, init=n_blocks)[0]
+                    load_hk = T.alloc_var(T.int32, init=h // (H // Hkv))[0]
+                    load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, load_kb, load_n, load_hk, seq)
+                else:
+                    load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), seq)
             else:  # consumer warpgroups
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prediction 9's call (written in the thirty-sixth session, not yet run): `FwdConfig.producer_regs`
-# on the paired forwards (the d = 64 short row, the d = 128 long row), then the forward GPU tests
-# with the flag on every paired row.  ~4-5 minutes on an H100 with the kernel pack carried
+# on the paired forwards (the d = 64 short row, the d = 128 long row) and the one-tile short rows
+# (d = 128, 256), then the forward GPU tests with the flag on every hand-written row.  ~6 minutes
+# on an H100 with the kernel pack carried
 # (the candidates' kernels are built on the device: TUNE_JOBS).
 #
 #   bash benchmarks/h100-2026-12-07b/r/run.sh $OUT
@@ -22,6 +23,13 @@ t0=$(date +%s)
 timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim 128 --seqlen 4096 16384 --check --repeat 2 --jobs ${TUNE_JOBS:-12} \
   --configs 128,128,2,256,1,1,0,0,0,0 128,128,2,256,1,1,0,0,0,0,1 > "$w/tune_d128.txt" 2>&1
 echo "tune d128 rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
+# The one-tile short rows (table: 128 x 64 pairs of turns with skip_rescale) at d = 128 and 256.
+for d in 128 256; do
+  t0=$(date +%s)
+  timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim $d --seqlen 1024 4096 --check --repeat 2 --jobs ${TUNE_JOBS:-12} \
+    --configs 128,64,2,256,1,1,1,1,0,0 128,64,2,256,1,1,1,1,0,0,1 > "$w/tune_d${d}_one_tile.txt" 2>&1
+  echo "tune d$d one tile rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
+done
 grep -hE "^TUNE|^CHECK|Error|error|mismatch" "$w"/tune_d*.txt | cut -c1-170 | tee "$OUTDIR/tune_lines.txt"
 t0=$(date +%s)
 FLASHTILE_FWD_FLAGS=producer_regs=1 timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider \
