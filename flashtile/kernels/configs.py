@@ -30,6 +30,13 @@ FP8_DTYPE = torch.float8_e4m3fn  # forward only (``operands``)
 MASK_KINDS = ("full", "local")  # local = causal and/or sliding window
 
 
+def _builder_kwargs(config, skip: tuple, added_flags: tuple) -> dict:
+    """A config's fields as its builder's keyword arguments, without those in ``skip`` (not the
+    builder's).  A flag in ``added_flags`` is left out while off, so the kernels built before it
+    existed keep their structure ids' arguments (and their disk-cache entries)."""
+    return {k: v for k, v in asdict(config).items() if k not in skip and (v or k not in added_flags)}
+
+
 @dataclass(frozen=True)
 class FwdConfig:
     block_m: int  # query rows per CTA (64 per consumer warpgroup)
@@ -52,8 +59,7 @@ class FwdConfig:
     def as_kwargs(self) -> dict:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale",
                                                                   "defer_sum", "explicit_syncs", "producer_regs")
-        # Off, ``producer_regs`` is left out: the kernels built before it keep their structure ids' arguments.
-        return {k: v for k, v in asdict(self).items() if k not in hand_written_only and (k != "producer_regs" or v)}
+        return _builder_kwargs(self, hand_written_only, added_flags=("producer_regs",))
 
     @property
     def builder(self) -> str:
@@ -78,8 +84,7 @@ class BwdConfig:
 
     def as_kwargs(self) -> dict:
         skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent")
-        # Off, ``dq_regs`` is left out: the kernels built before it keep their structure ids' arguments.
-        return {k: v for k, v in asdict(self).items() if k not in skip and (k != "dq_regs" or v)}
+        return _builder_kwargs(self, skip, added_flags=("dq_regs",))
 
     @property
     def builder(self) -> str:

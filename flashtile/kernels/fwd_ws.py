@@ -230,13 +230,10 @@ def fwd_ws_prim_func(
             T.barrier_arrive(bar_q)
             if tx >= threads:  # producer
                 T.set_max_nreg(24, 0)
+                coords = (kb_lo, n_blocks, h // (H // Hkv))
                 if producer_regs:  # registers: as expressions they are re-derived for every load
-                    load_kb = T.alloc_var(T.int32, init=kb_lo)[0]
-                    load_n = T.alloc_var(T.int32, init=n_blocks)[0]
-                    load_hk = T.alloc_var(T.int32, init=h // (H // Hkv))[0]
-                    load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, load_kb, load_n, load_hk, seq)
-                else:
-                    load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, n_blocks, h // (H // Hkv), seq)
+                    coords = tuple(T.alloc_var(T.int32, init=x)[0] for x in coords)
+                load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, *coords, seq)
             else:  # consumer warpgroups
                 T.set_max_nreg(CONSUMER_REGS[n_wg], 1)
                 T.clear(o)
@@ -338,11 +335,12 @@ def fwd_ws_prim_func(
                     for half in T.serial(2):
                         h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
                         tile_bx = bx
-                        if producer_regs:
+                        hk = h // groups
+                        if producer_regs:  # registers: as expressions they are re-derived for every load
                             load_h = h
                             load_b = b
-                            load_hk = h // groups
-                            h, b = load_h, load_b
+                            load_hk = hk
+                            h, b, hk = load_h, load_b, load_hk
                         seq = seqs.of(b)
                         mask = TileMask(seq, left, right)
                         if real:
@@ -355,8 +353,7 @@ def fwd_ws_prim_func(
                             T.barrier_wait(q_empty[slot], ((tiles // 2) & 1) ^ 1)
                             T.tma_copy(seq.q_rows(Q, m0, block_m, h), q_s[slot, :, :], barrier=q_full[slot])
                             T.barrier_arrive(q_full[slot])
-                            load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips,
-                                    load_hk if producer_regs else h // groups, seq, phase)
+                            load_kv(K, V, k_s, v_s, k_full, v_full, k_empty, v_empty, kb_lo, trips, hk, seq, phase)
                             if trips % 2 == 1:  # stage 1's empty turn
                                 T.barrier_wait(k_empty[1], ((trips // 2) & 1) ^ 1 ^ phase)
                                 T.barrier_arrive(k_full[1])

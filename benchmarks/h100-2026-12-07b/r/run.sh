@@ -14,21 +14,19 @@ set -uo pipefail
 OUTDIR=$1; w=/tmp/r; mkdir -p "$w"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUTDIR/summary.txt"
 bash benchmarks/kernel_cache.sh unpack > /dev/null
-t0=$(date +%s)
-timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim 64 --seqlen 1024 4096 --check --repeat 2 --jobs ${TUNE_JOBS:-12} \
-  --configs 128,128,2,256,1,1,0,0,1,0 128,128,2,256,1,1,0,0,1,0,1 128,128,2,256,1,0,0,0,1,0 128,128,2,256,1,0,0,0,1,0,1 \
-  > "$w/tune_d64.txt" 2>&1
-echo "tune d64 rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
-t0=$(date +%s)
-timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim 128 --seqlen 4096 16384 --check --repeat 2 --jobs ${TUNE_JOBS:-12} \
-  --configs 128,128,2,256,1,1,0,0,0,0 128,128,2,256,1,1,0,0,0,0,1 > "$w/tune_d128.txt" 2>&1
-echo "tune d128 rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
+# tune NAME HEADDIM "SEQLENS" CONFIG...: each base config followed by the same with producer_regs.
+tune() {
+  local name=$1 d=$2 seqlens=$3 t0; shift 3
+  t0=$(date +%s)
+  timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim "$d" --seqlen $seqlens --check --repeat 2 \
+    --jobs ${TUNE_JOBS:-12} --configs "$@" > "$w/tune_$name.txt" 2>&1
+  echo "tune $name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
+}
+tune d64 64 "1024 4096" 128,128,2,256,1,1,0,0,1,0 128,128,2,256,1,1,0,0,1,0,1 128,128,2,256,1,0,0,0,1,0 128,128,2,256,1,0,0,0,1,0,1
+tune d128 128 "4096 16384" 128,128,2,256,1,1,0,0,0,0 128,128,2,256,1,1,0,0,0,0,1
 # The one-tile short rows (table: 128 x 64 pairs of turns with skip_rescale) at d = 128 and 256.
 for d in 128 256; do
-  t0=$(date +%s)
-  timeout ${TUNE_S:-150} python3 benchmarks/tune.py fwd --headdim $d --seqlen 1024 4096 --check --repeat 2 --jobs ${TUNE_JOBS:-12} \
-    --configs 128,64,2,256,1,1,1,1,0,0 128,64,2,256,1,1,1,1,0,0,1 > "$w/tune_d${d}_one_tile.txt" 2>&1
-  echo "tune d$d one tile rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUTDIR/summary.txt"
+  tune "d${d}_one_tile" $d "1024 4096" 128,64,2,256,1,1,1,1,0,0 128,64,2,256,1,1,1,1,0,0,1
 done
 grep -hE "^TUNE|^CHECK|Error|error|mismatch" "$w"/tune_d*.txt | cut -c1-170 | tee "$OUTDIR/tune_lines.txt"
 # The tests' forward structures under the flag: cache hits when the pack was filled with the
