@@ -31,7 +31,7 @@ done
 grep -hE "^TUNE|^CHECK|Error|error|mismatch" "$w"/tune_d*.txt | cut -c1-170 | tee "$OUTDIR/tune_lines.txt"
 # The tests' forward structures under the flag: cache hits when the pack was filled with the
 # flag too (on the CPU machine, after the plain fill and before `prune`:
-# `FLASHTILE_FWD_FLAGS=producer_regs=1 bash benchmarks/kernel_cache.sh fill 2 dense fp8`, 56 structures, ~9
+# `FLASHTILE_FWD_FLAGS=producer_regs=1 bash benchmarks/kernel_cache.sh fill 2 dense fp8`, 61 structures, ~9
 # minutes), else built here on 14 cores.
 t0=$(date +%s)
 FLASHTILE_FWD_FLAGS=producer_regs=1 FILL_S=${PRECOMPILE_S:-150} bash benchmarks/kernel_cache.sh fill 14 dense fp8 > "$w/precompile.log" 2>&1
