@@ -295,21 +295,24 @@ def _tma_load_lines(src: str, tensor: str) -> list[str]:
 
 @pytest.mark.parametrize("dim,short", [(64, True), (256, False)], ids=["d64-pairs", "d256-one-tile"])
 def test_producer_regs_loads_from_registers(monkeypatch, dim, short):
-    """``FwdConfig.producer_regs``: every K/V/Q load takes its coordinates from registers the
-    producer set once per tile, not from the tile's expressions (``tile_pair``'s heads and batch
-    entry, ``query_tile``'s first key block), which the default build re-derives, integer
-    divisions included, for each load; the default kernel's code is unchanged by the option
-    existing (it is left out of the structure when off)."""
+    """``FwdConfig.producer_regs`` (on in these rows): every K/V/Q load takes its coordinates
+    from registers the producer set once per tile, not from the tile's expressions
+    (``tile_pair``'s heads and batch entry, ``query_tile``'s first key block), which a build
+    without the option re-derives, integer divisions included, for each load; off, the option is
+    left out of the structure (the kernels built before it existed keep their ids)."""
     from dataclasses import replace
 
     from flashtile.kernels.launch import forward_kernel as get_forward_kernel
 
     default = configs.fwd_config(dim, dim, torch.bfloat16, "local", short=short)
-    assert default.manual_ws and not default.producer_regs and "producer_regs" not in default.as_kwargs()
+    assert default.manual_ws and default.producer_regs, default
+    off = replace(default, producer_regs=False)
+    assert "producer_regs" not in off.as_kwargs()
+    monkeypatch.setitem(configs.overrides, "fwd", off)
     src = get_forward_kernel(dim, dim, "bfloat16", False, False, window=(-1, 0), short=short).get_kernel_source()
     assert any(re.search(r"rdiv|rmod|/|%", line) for line in _tma_load_lines(src, "K")), \
-        "the default producer's K loads were expected to re-derive the tile's coordinates (if not, the option is moot)"
-    monkeypatch.setitem(configs.overrides, "fwd", replace(default, producer_regs=True))
+        "without producer_regs the K loads were expected to re-derive the tile's coordinates (if not, the option is moot)"
+    monkeypatch.delitem(configs.overrides, "fwd")
     src = get_forward_kernel(dim, dim, "bfloat16", False, False, window=(-1, 0), short=short).get_kernel_source()
     loads = _tma_load_lines(src, "K") + _tma_load_lines(src, "V")
     assert loads, "no K/V TMA loads found"

@@ -213,9 +213,9 @@ def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
                                       (64, "bfloat16", False, True), (128, "float8_e4m3fn", False, False)):
         cfg = configs.fwd_config(dim, dim, dtype, "full", varlen, short)
         assert cfg.manual_ws and cfg.skip_rescale, (dim, dtype, varlen, short, cfg)
-    monkeypatch.setitem(configs.overrides, "fwd_flags", configs._env_fwd_flags("producer_regs=1"))
+    monkeypatch.setitem(configs.overrides, "fwd_flags", configs._env_fwd_flags("producer_regs=0"))
     for dim, varlen, short in ((64, False, True), (128, True, False)):  # a paired row, a one-tile row
-        assert configs.fwd_config(dim, dim, "bfloat16", "causal", varlen, short).producer_regs, (dim, varlen, short)
+        assert not configs.fwd_config(dim, dim, "bfloat16", "causal", varlen, short).producer_regs, (dim, varlen, short)
     monkeypatch.setitem(configs.overrides, "fwd", configs.FwdConfig(128, 128, 2, 256))
     assert not configs.fwd_config(128, 128, "bfloat16", "full").skip_rescale  # an explicit config wins
 

@@ -51,9 +51,9 @@ class FwdConfig:
     # hand-written one-tile only: built without TileLang's sync pass, the epilogue's syncs written
     # out (the paired schedule's); the sync pass cannot lower FP8 key blocks of 160-256 keys
     explicit_syncs: bool = False
-    # hand-written only (not measured yet, NOTES prediction 9): the producer holds the tile's
-    # coordinates (heads, batch entry, key range) in registers instead of re-deriving them,
-    # integer divisions included, for every K/V load
+    # hand-written only: the producer holds the tile's coordinates (heads, batch entry, key
+    # range) in registers instead of re-deriving them, integer divisions included, for every
+    # K/V load (NOTES prediction 9: on in the rows it made faster, ``_fwd_row``)
     producer_regs: bool = False
 
     def as_kwargs(self) -> dict:
@@ -239,6 +239,11 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
         return fp8_fwd_config(dim, dim_v, varlen, short)
     if varlen:
         return replace(_fwd_row(dim, dim_v, dtype, kind, False, False), tiles_per_cta=1)
+    # ``producer_regs`` in every bf16/fp16 row: H100 same-run A/B, two rounds (h100-2026-12-07c/r,
+    # NOTES prediction 9), d = 64 short row (full without turns, causal with) 1k -5%, 4k -2 to
+    # -5%; d = 64 long row 4k/16k -0 to -5%; d = 128 4k -1 to -2%, 16k -2 to -5% causal (full
+    # mixed, 3.52/3.70 -> 3.67/3.64 ms); one-tile rows: d = 128 1k -9 to -13%, 4k -5 to -7%,
+    # d = 256 1k -4%, 4k -1 to -6%, 16k causal -4 to -6% (full mixed).
     widest = max(dim, dim_v)
     if short and widest <= 64:
         # The persistent 128-row pairs (``short_forward``) with partial row sums; without
@@ -246,7 +251,8 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
         # turns / none): full 0.384-0.386 / 0.371, causal 0.258-0.259 / 0.271-0.272.
         return replace(_fwd_row(128, 128, dtype, kind, False, False), defer_sum=True, pingpong=kind != "full")
     if short:  # d = 256 (``short_forward``): the long row's schedule (its rescale skip too) with 64-key blocks
-        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
+        return FwdConfig(block_m=128, block_n=64, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True,
+                         producer_regs=True)
     if widest <= 64:
         # Three consumer warpgroups (192 rows amortise each K/V tile over more of the short
         # d=64 GEMMs), hand-written with pingpong turns.  H100 (h100-2026-11-22/fwd-pingpong):
@@ -259,7 +265,7 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
         # causal 0.262-0.263 -> 0.258-0.259.  At d = 128 (1k +1 to +3%) and in the FP8 d = 128
         # rows (+1 to +3%) they were slower, so only here.
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True,
-                         defer_sum=True)
+                         defer_sum=True, producer_regs=True)
     if widest <= 128:
         # Hand-written (softmax overlapped with the GEMMs), pingpong turns, persistent: one CTA
         # per SM walks pairs of query tiles, each tile's last P V and epilogue under the next
@@ -267,7 +273,8 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
         # per CTA: 1k -5/-8% (full/causal), 4k -1/-4%, GQA 4:1 4k -2/-6%, 8k -1 to -3%, 16k
         # within noise.  Pingpong alone: causal 4k -2%.  128x176 within noise of 128x128;
         # 128x64x3 and 192x128 slower (192 rows spill at d > 64).
-        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True, tiles_per_cta=0)
+        return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True, tiles_per_cta=0,
+                         producer_regs=True)
     # d=192/256: 80 keys per step, two stages (FA3's tile): H200 d=256 4k 0.94/0.92x cuDNN,
     # against 0.84/0.85x with 64 keys.  Hand-written with pingpong turns, one tile per CTA (Q,
     # two K/V stages and the output fill shared memory, so no second Q buffer for the persistent
@@ -276,7 +283,8 @@ def _fwd_row(dim: int, dim_v: int, dtype: torch.dtype, kind: str, varlen: bool, 
     # skipped in warps whose max did not move (``fwd_ws.rescaler``; 128 accumulator values a
     # thread against 40 scores): H100 (h100-2026-11-28c/c3) -1 to -4% at 4k/16k, where d=64's
     # and the FP8 rows' timings were mixed or slower, so they multiply every block.
-    return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True)
+    return FwdConfig(block_m=128, block_n=80, num_stages=2, threads=256, manual_ws=True, pingpong=True, skip_rescale=True,
+                     producer_regs=True)
 
 
 def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = False) -> FwdConfig:
@@ -289,15 +297,18 @@ def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = Fal
     than either d = 128 row (H100, h100-2026-12-07/c).  P's row sums on the tensor cores (a
     WGMMA of P with a tile of ones beside P V, no FADD per weight) were 1-5% faster at d = 128
     but sum P after its e4m3 rounding: the lse came out 1-2% off (NOTES, thirty-second and
-    thirty-third sessions); removed."""
+    thirty-third sessions); removed.  ``producer_regs`` (H100 A/B, h100-2026-12-07c/r): on in the
+    d = 128 rows (192 x 96: 0 to -3%; 128 x 128 pairs: -2 to -4% at 1k-16k); off at d = 256, where
+    it was 1-3.5% slower at 4k/16k in both rounds, and at d = 64 (not measured)."""
     widest = max(dim, dim_v)
     if widest <= 64:
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if (dim, dim_v) == (128, 128) and not varlen and not short:
-        return FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True)
+        return FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True,
+                         producer_regs=True)
     if widest <= 128:
         return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True,
-                         tiles_per_cta=1 if varlen else 0)
+                         tiles_per_cta=1 if varlen else 0, producer_regs=True)
     return FwdConfig(block_m=128, block_n=128, num_stages=2, threads=256, manual_ws=True, pingpong=True)
 
 
