@@ -293,6 +293,33 @@ def _tma_load_lines(src: str, tensor: str) -> list[str]:
     return [line for line in src.splitlines() if f"tl::tma_load({tensor}_desc" in line]
 
 
+@pytest.mark.parametrize("dim", [64, 128], ids=["d64-persistent", "d128"])
+def test_backward_producer_regs_loads_from_registers(monkeypatch, dim):
+    """``BwdConfig.producer_regs``: the loader's Q / lse / dO / Delta loads and the dQ writer's
+    reduce-add take each step's query head and first row from registers stepped by
+    ``bwd_ws.StepCursor``, where the default build re-derives them (``query_step``: a division
+    and a remainder by the tile's query block count) for each of them."""
+    from dataclasses import replace
+
+    from flashtile.kernels.launch import backward_kernels
+
+    default = configs.bwd_config(dim, dim, torch.bfloat16, "local")
+    assert default.manual_ws and not default.producer_regs and "producer_regs" not in default.as_kwargs()
+
+    def step_lines(cfg):
+        monkeypatch.setitem(configs.overrides, "bwd", cfg)
+        src = backward_kernels(dim, dim, "bfloat16", False, False, False, window=(-1, 0))[1].get_kernel_source()
+        lines = _tma_load_lines(src, "Q") + _tma_load_lines(src, "dO") + _tma_load_lines(src, "LSE2")
+        return lines + [line for line in src.splitlines() if "tma_store_add(dQacc_desc" in line]
+
+    assert any(re.search(r"/|%", line) for line in step_lines(default)), \
+        "the default loader was expected to re-derive each step's coordinates (if not, the option is moot)"
+    lines = step_lines(replace(default, producer_regs=True))
+    assert len(lines) >= 4, f"expected the Q, dO, lse loads and the dQ reduce-add, found {lines}"
+    derived = [line.strip() for line in lines if re.search(r"/|%", line)]
+    assert not derived, f"steps still re-derive their coordinates: {derived}"
+
+
 @pytest.mark.parametrize("dim,short", [(64, True), (256, False)], ids=["d64-pairs", "d256-one-tile"])
 def test_producer_regs_loads_from_registers(monkeypatch, dim, short):
     """``FwdConfig.producer_regs`` (on in these rows): every K/V/Q load takes its coordinates

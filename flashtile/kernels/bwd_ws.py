@@ -121,6 +121,30 @@ class KeyTileWalk:
         return query_step(t, self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m)
 
 
+class StepCursor:
+    """A ``KeyTileWalk`` in registers, stepped in order: ``h`` and ``m0`` are the current step's
+    query head and first row, ``advance`` moves to the next step (the next query block, past
+    the tile's last one the group's next head), so no step re-derives them by a division and a
+    remainder (``query_step``).  For the producer's warps (``BwdConfig.producer_regs``)."""
+
+    def __init__(self, walk: KeyTileWalk):
+        first = walk.qb_lo * walk.block_m
+        regs = named(n_steps=T.alloc_var(T.int32, init=walk.n_steps), m_first=T.alloc_var(T.int32, init=first),
+                     m_end=T.alloc_var(T.int32, init=first + walk.n_qblocks * walk.block_m),
+                     h=T.alloc_var(T.int32, init=walk.hk * walk.groups), m0=T.alloc_var(T.int32, init=first))
+        self.block_m, self._regs = walk.block_m, regs
+        # Reads (the kernel body's parser loads a register named by a bare name, not an attribute).
+        self.n_steps, self.h, self.m0 = regs.n_steps[0], regs.h[0], regs.m0[0]
+
+    def advance(self):
+        r = self._regs
+        wrap = r.m0[0] + self.block_m == r.m_end[0]
+        # Selects, not ``T.if_then_else`` (which TileLang emits as branches: nvcc then duplicated
+        # the loads' code per branch, 16 -> 40 TMA issue sites at d = 128).
+        T.buffer_store(r.h, T.Select(wrap, r.h[0] + 1, r.h[0]), [0])
+        T.buffer_store(r.m0, T.Select(wrap, r.m_first[0], r.m0[0] + self.block_m), [0])
+
+
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
 def attention_bwd_dkdv_ws(
     dim: int,
@@ -137,11 +161,15 @@ def attention_bwd_dkdv_ws(
     dq_turns: bool = False,
     persistent: bool = False,
     num_sms: int = 132,
+    producer_regs: bool = False,
 ):
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``.  ``dq_turns``: the two
     consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring).
     ``persistent``: ``num_sms`` CTAs walk the key tiles (see the module docstring), taking the
-    next tile from the zeroed counter Ticket."""
+    next tile from the zeroed counter Ticket.  ``producer_regs``: the loader and dQ writer warps
+    keep each step's query head and first row in registers, advanced step by step
+    (``StepCursor``), instead of re-deriving them (``KeyTileWalk.step``: a division and a
+    remainder by the tile's query block count) for every load."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
@@ -190,36 +218,64 @@ def attention_bwd_dkdv_ws(
         T.barrier_arrive(bars.dq_full)
 
     @T.macro
+    def load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase):
+        """The loader warp's step (i, st): Q + lse and dO + Delta of query head ``h``, rows
+        from ``m0``, by TMA into ring stage ``st``."""
+        T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
+        T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
+        T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
+        T.barrier_arrive(bars.q_full[st])
+        T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
+        T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
+        T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
+        T.barrier_arrive(bars.do_full[st])
+
+    @T.macro
+    def write_step(dQacc, sm, bars, seq, h, m0, st, dq_phase):
+        """The dQ writer warp's step on ring stage ``st``: its dQ tile (query head ``h``, rows
+        from ``m0``) reduce-added into the fp32 accumulator."""
+        T.barrier_wait(bars.dq_full, flip(st, dq_phase))  # one use per step: parity = t & 1
+        # Issued and waited for (TMA has read dq_s) by the warp's first lane.
+        # Rows past a packed sequence's end add exact zeros (masked P).
+        T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), sm.dq_s, use_tma=True)
+        if T.get_thread_binding() == writer_lane0:
+            T.barrier_arrive(bars.dq_empty)
+
+    @T.macro
     def load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase):
         """The loader warp: each step's Q + lse and dO + Delta by TMA into the two-stage rings."""
-        for i in T.serial(walk.n_pairs):
-            for st in T.unroll(2):
-                t = i * 2 + st
-                if t < walk.n_steps:
-                    h, m0 = walk.step(t)
-                    T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
-                    T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
-                    T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
-                    T.barrier_arrive(bars.q_full[st])
-                    T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
-                    T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
-                    T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
-                    T.barrier_arrive(bars.do_full[st])
+        if producer_regs:
+            cur = StepCursor(walk)
+            for i in T.serial(walk.n_pairs):
+                for st in T.unroll(2):
+                    if i * 2 + st < cur.n_steps:
+                        load_step(Q, dO, LSE2, Delta, sm, bars, seq, cur.h, cur.m0, i, st, phase)
+                        cur.advance()
+        else:
+            for i in T.serial(walk.n_pairs):
+                for st in T.unroll(2):
+                    t = i * 2 + st
+                    if t < walk.n_steps:
+                        h, m0 = walk.step(t)
+                        load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase)
 
     @T.macro
     def write_steps(dQacc, sm, bars, seq, walk, dq_phase):
         """The dQ writer warp: each step's dQ tile reduce-added into the fp32 accumulator."""
-        for i in T.serial(walk.n_pairs):
-            for st in T.unroll(2):
-                t = i * 2 + st
-                if t < walk.n_steps:
-                    h, m0 = walk.step(t)
-                    T.barrier_wait(bars.dq_full, flip(st, dq_phase))  # one use per step: parity = t & 1
-                    # Issued and waited for (TMA has read dq_s) by the warp's first lane.
-                    # Rows past a packed sequence's end add exact zeros (masked P).
-                    T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), sm.dq_s, use_tma=True)
-                    if T.get_thread_binding() == writer_lane0:
-                        T.barrier_arrive(bars.dq_empty)
+        if producer_regs:
+            cur = StepCursor(walk)
+            for i in T.serial(walk.n_pairs):
+                for st in T.unroll(2):
+                    if i * 2 + st < cur.n_steps:
+                        write_step(dQacc, sm, bars, seq, cur.h, cur.m0, st, dq_phase)
+                        cur.advance()
+        else:
+            for i in T.serial(walk.n_pairs):
+                for st in T.unroll(2):
+                    t = i * 2 + st
+                    if t < walk.n_steps:
+                        h, m0 = walk.step(t)
+                        write_step(dQacc, sm, bars, seq, h, m0, st, dq_phase)
 
     @T.macro
     def compute_steps(k_t, v_t, sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase):

@@ -81,10 +81,14 @@ class BwdConfig:
     dq_turns: bool = False  # hand-written only: the consumer warpgroups take turns computing dQ
     persistent: bool = False  # hand-written only: one CTA per SM walks the key tiles by ticket
     dq_regs: bool = False  # builder only: dQ reduce-added from registers, no shared-memory dQ tile
+    # hand-written only (not measured yet, NOTES prediction 10): the loader and dQ writer warps
+    # walk the steps' (query head, first row) in registers instead of re-deriving them, two
+    # integer divisions by the tile's block count included, for every Q / lse / dO / Delta load
+    producer_regs: bool = False
 
     def as_kwargs(self) -> dict:
-        skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent")
-        return _builder_kwargs(self, skip, added_flags=("dq_regs",))
+        skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent", "producer_regs")
+        return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs"))
 
     @property
     def builder(self) -> str:
