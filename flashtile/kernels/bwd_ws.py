@@ -218,19 +218,6 @@ def attention_bwd_dkdv_ws(
         T.barrier_arrive(bars.dq_full)
 
     @T.macro
-    def load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase):
-        """The loader warp's step (i, st): Q + lse and dO + Delta of query head ``h``, rows
-        from ``m0``, by TMA into ring stage ``st``."""
-        T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
-        T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
-        T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
-        T.barrier_arrive(bars.q_full[st])
-        T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
-        T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
-        T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
-        T.barrier_arrive(bars.do_full[st])
-
-    @T.macro
     def write_step(dQacc, sm, bars, seq, h, m0, st, dq_phase):
         """The dQ writer warp's step on ring stage ``st``: its dQ tile (query head ``h``, rows
         from ``m0``) reduce-added into the fp32 accumulator."""
@@ -252,7 +239,14 @@ def attention_bwd_dkdv_ws(
                 t = i * 2 + st
                 if t < walk.n_steps:
                     h, m0 = walk.step(t)
-                    load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase)
+                    T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
+                    T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
+                    T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
+                    T.barrier_arrive(bars.q_full[st])
+                    T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
+                    T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
+                    T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
+                    T.barrier_arrive(bars.do_full[st])
 
     @T.macro
     def write_steps(dQacc, sm, bars, seq, walk, dq_phase):
