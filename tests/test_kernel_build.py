@@ -294,11 +294,12 @@ def _tma_load_lines(src: str, tensor: str) -> list[str]:
 
 
 def test_backward_producer_regs_loads_from_registers(monkeypatch, dim=128):
-    """``BwdConfig.producer_regs``: the dQ writer's reduce-adds take each step's query head and
-    first row from registers stepped by ``bwd_ws.StepCursor``, where the default build
-    re-derives them (``query_step``: a division and a remainder by the tile's query block
-    count) for each of them.  d = 128: the d = 64 (persistent) writer binds them once per step
-    in the source already, and its gain is in the SASS only (NOTES prediction 10)."""
+    """``BwdConfig.producer_regs``: the loader's Q / lse / dO / Delta loads and the dQ writer's
+    reduce-adds take each step's query head and first row from registers stepped by
+    ``bwd_ws.StepCursor``, where the default build re-derives them (``query_step``: a division
+    and a remainder by the tile's query block count) for each of them.  d = 128 (the d = 64
+    persistent writer's source binds them once per step already; its SASS still shortens:
+    NOTES prediction 10)."""
     from dataclasses import replace
 
     from flashtile.kernels.launch import backward_kernels
@@ -309,12 +310,13 @@ def test_backward_producer_regs_loads_from_registers(monkeypatch, dim=128):
     def step_lines(cfg):
         monkeypatch.setitem(configs.overrides, "bwd", cfg)
         src = backward_kernels(dim, dim, "bfloat16", False, False, False, window=(-1, 0))[1].get_kernel_source()
-        return [line for line in src.splitlines() if "tma_store_add(dQacc_desc" in line]
+        lines = _tma_load_lines(src, "Q") + _tma_load_lines(src, "dO") + _tma_load_lines(src, "LSE2")
+        return lines + [line for line in src.splitlines() if "tma_store_add(dQacc_desc" in line]
 
     assert any(re.search(r"/|%", line) for line in step_lines(default)), \
-        "the default writer was expected to re-derive each step's coordinates (if not, the option is moot)"
+        "the default producer was expected to re-derive each step's coordinates (if not, the option is moot)"
     lines = step_lines(replace(default, producer_regs=True))
-    assert lines, "no dQ reduce-add found"
+    assert len(lines) >= 4, f"expected the Q, dO, lse loads and the dQ reduce-add, found {lines}"
     derived = [line.strip() for line in lines if re.search(r"/|%", line)]
     assert not derived, f"steps still re-derive their coordinates: {derived}"
 

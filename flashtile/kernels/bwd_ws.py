@@ -125,7 +125,7 @@ class StepCursor:
     """A ``KeyTileWalk`` in registers, stepped in order: ``h`` and ``m0`` are the current step's
     query head and first row, ``advance`` moves to the next step (the next query block, past
     the tile's last one the group's next head), so no step re-derives them by a division and a
-    remainder (``query_step``).  For the dQ writer warp (``BwdConfig.producer_regs``)."""
+    remainder (``query_step``).  For the producer's warps (``BwdConfig.producer_regs``)."""
 
     def __init__(self, walk: KeyTileWalk):
         first = walk.qb_lo * walk.block_m
@@ -166,10 +166,10 @@ def attention_bwd_dkdv_ws(
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``.  ``dq_turns``: the two
     consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring).
     ``persistent``: ``num_sms`` CTAs walk the key tiles (see the module docstring), taking the
-    next tile from the zeroed counter Ticket.  ``producer_regs``: the dQ writer warp keeps each
-    step's query head and first row in registers, advanced step by step (``StepCursor``),
-    instead of re-deriving them (``KeyTileWalk.step``: a division and a remainder by the tile's
-    query block count) after each ``dq_full`` wait."""
+    next tile from the zeroed counter Ticket.  ``producer_regs``: the loader and dQ writer warps
+    keep each step's query head and first row in registers, advanced step by step
+    (``StepCursor``), instead of re-deriving them (``KeyTileWalk.step``: a division and a
+    remainder by the tile's query block count) after each barrier wait."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
@@ -229,24 +229,35 @@ def attention_bwd_dkdv_ws(
             T.barrier_arrive(bars.dq_empty)
 
     @T.macro
+    def load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase):
+        """The loader warp's step (i, st): Q + lse and dO + Delta of query head ``h``, rows
+        from ``m0``, by TMA into ring stage ``st``."""
+        T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
+        T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
+        T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
+        T.barrier_arrive(bars.q_full[st])
+        T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
+        T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
+        T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
+        T.barrier_arrive(bars.do_full[st])
+
+    @T.macro
     def load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase):
-        """The loader warp: each step's Q + lse and dO + Delta by TMA into the two-stage rings.
-        (Not stepped by a ``StepCursor`` with ``producer_regs``: nvcc already computes the
-        coordinates before the empty waits here, 12-15 SASS instructions from a wait to its
-        TMA issue at d = 128, and a cursor made that 35-40.)"""
-        for i in T.serial(walk.n_pairs):
-            for st in T.unroll(2):
-                t = i * 2 + st
-                if t < walk.n_steps:
-                    h, m0 = walk.step(t)
-                    T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
-                    T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
-                    T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
-                    T.barrier_arrive(bars.q_full[st])
-                    T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
-                    T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
-                    T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
-                    T.barrier_arrive(bars.do_full[st])
+        """The loader warp: each step's Q + lse and dO + Delta by TMA into the two-stage rings."""
+        if producer_regs:
+            cur = StepCursor(walk)
+            for i in T.serial(walk.n_pairs):
+                for st in T.unroll(2):
+                    if i * 2 + st < cur.n_steps:
+                        load_step(Q, dO, LSE2, Delta, sm, bars, seq, cur.h, cur.m0, i, st, phase)
+                        cur.advance()
+        else:
+            for i in T.serial(walk.n_pairs):
+                for st in T.unroll(2):
+                    t = i * 2 + st
+                    if t < walk.n_steps:
+                        h, m0 = walk.step(t)
+                        load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase)
 
     @T.macro
     def write_steps(dQacc, sm, bars, seq, walk, dq_phase):

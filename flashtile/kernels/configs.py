@@ -81,9 +81,9 @@ class BwdConfig:
     dq_turns: bool = False  # hand-written only: the consumer warpgroups take turns computing dQ
     persistent: bool = False  # hand-written only: one CTA per SM walks the key tiles by ticket
     dq_regs: bool = False  # builder only: dQ reduce-added from registers, no shared-memory dQ tile
-    # hand-written only (not measured yet, NOTES prediction 10): the dQ writer warp steps each
-    # step's (query head, first row) in registers instead of re-deriving them, two integer
-    # divisions by the tile's block count included, after every dq_full wait
+    # hand-written only (not measured yet, NOTES prediction 10): the loader and dQ writer warps
+    # step each step's (query head, first row) in registers instead of re-deriving them, two
+    # integer divisions by the tile's block count included, after every barrier wait
     producer_regs: bool = False
 
     def as_kwargs(self) -> dict:
