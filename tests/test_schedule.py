@@ -203,21 +203,38 @@ def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     ``overrides["fwd_flags"]``, which ``fwd_config`` sets on every hand-written row (packed and
     short rows too), never on an explicit ``overrides["fwd"]`` config; a bad entry is a named
     error."""
-    assert configs._env_fwd_flags("pingpong=0, skip_rescale=1") == {"pingpong": False, "skip_rescale": True}
-    assert configs._env_fwd_flags("tiles_per_cta=1") == {"tiles_per_cta": 1}
+    assert configs._env_flags("FLASHTILE_FWD_FLAGS", "pingpong=0, skip_rescale=1") == {"pingpong": False, "skip_rescale": True}
+    assert configs._env_flags("FLASHTILE_FWD_FLAGS", "tiles_per_cta=1") == {"tiles_per_cta": 1}
     for bad in ("pingpong", "pingpong=2", "tiles_per_cta=3", "tiles_per_cta", "nope=1"):
         with pytest.raises(ValueError, match="FLASHTILE_FWD_FLAGS"):
-            configs._env_fwd_flags(bad)
+            configs._env_flags("FLASHTILE_FWD_FLAGS", bad)
     monkeypatch.setitem(configs.overrides, "fwd_flags", {"skip_rescale": True})
     for dim, dtype, varlen, short in ((128, "bfloat16", False, False), (128, "bfloat16", True, False),
                                       (64, "bfloat16", False, True), (128, "float8_e4m3fn", False, False)):
         cfg = configs.fwd_config(dim, dim, dtype, "full", varlen, short)
         assert cfg.manual_ws and cfg.skip_rescale, (dim, dtype, varlen, short, cfg)
-    monkeypatch.setitem(configs.overrides, "fwd_flags", configs._env_fwd_flags("producer_regs=0"))
+    monkeypatch.setitem(configs.overrides, "fwd_flags", configs._env_flags("FLASHTILE_FWD_FLAGS", "producer_regs=0"))
     for dim, varlen, short in ((64, False, True), (128, True, False)):  # a paired row, a one-tile row
         assert not configs.fwd_config(dim, dim, "bfloat16", "causal", varlen, short).producer_regs, (dim, varlen, short)
     monkeypatch.setitem(configs.overrides, "fwd", configs.FwdConfig(128, 128, 2, 256))
     assert not configs.fwd_config(128, 128, "bfloat16", "full").skip_rescale  # an explicit config wins
+
+
+def test_bwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
+    """``FLASHTILE_BWD_FLAGS`` (the backward's developer switch) parses to
+    ``overrides["bwd_flags"]``, which ``bwd_config`` sets on the hand-written rows (d <= 128,
+    no softcap) and not on the builder's (d = 256, softcap); forward-only flags are refused."""
+    assert configs._env_flags("FLASHTILE_BWD_FLAGS", "producer_regs=1") == {"producer_regs": True}
+    for bad in ("producer_regs", "pingpong=1", "producer_regs=2"):
+        with pytest.raises(ValueError, match="FLASHTILE_BWD_FLAGS"):
+            configs._env_flags("FLASHTILE_BWD_FLAGS", bad)
+    monkeypatch.setitem(configs.overrides, "bwd_flags", {"producer_regs": True})
+    for dim, varlen in ((64, False), (128, False), (128, True)):
+        cfg = configs.bwd_config(dim, dim, "bfloat16", "causal", False, varlen)
+        assert cfg.manual_ws and cfg.producer_regs, (dim, varlen, cfg)
+    for dim, softcap in ((256, False), (128, True)):
+        cfg = configs.bwd_config(dim, dim, "bfloat16", "causal", softcap)
+        assert not cfg.manual_ws and not cfg.producer_regs, (dim, softcap, cfg)
 
 
 def test_sharing_sms_drops_persistent_schedules_only():

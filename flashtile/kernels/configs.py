@@ -122,17 +122,24 @@ def builder(config):
 
 
 # Tuning hook (benchmarks/tune.py): pass name -> config that replaces the table's answer;
-# "fwd_flags": {field: value} set on the table's hand-written forward configs.
+# "fwd_flags" / "bwd_flags": {field: value} set on the table's hand-written configs of the pass.
 overrides: dict[str, object] = {}
 
+# Developer switches that run the GPU suite, precompile and benchmarks with a candidate flag on
+# every hand-written row of a pass (worker processes inherit them): variable -> (overrides key,
+# boolean fields, count fields with their values).  While one is set the launcher does not
+# memoise its kernel choice (``launch._memoised``: overrides may change).
+ENV_FLAGS = {
+    "FLASHTILE_FWD_FLAGS": ("fwd_flags", {"pingpong", "skip_rescale", "defer_sum", "producer_regs"},
+                            {"tiles_per_cta": ("0", "1", "2")}),  # 0 persistent, 1 one tile a CTA, 2 a pair
+    "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs"}, {}),
+}
 
-def _env_fwd_flags(text: str) -> dict:
-    """``FLASHTILE_FWD_FLAGS="pingpong=0,skip_rescale=1"`` -> {"pingpong": False, ...}: a
-    developer switch that runs the GPU suite, precompile and benchmarks with a candidate flag
-    on every hand-written forward row (its worker processes inherit it).  While it is set the
-    launcher does not memoise its kernel choice (``launch._memoised``: overrides may change)."""
-    fields = {"pingpong", "skip_rescale", "defer_sum", "producer_regs"}
-    counts = {"tiles_per_cta": ("0", "1", "2")}  # 0 persistent, 1 one tile a CTA, 2 a pair
+
+def _env_flags(var: str, text: str) -> dict:
+    """``FLASHTILE_FWD_FLAGS="pingpong=0,skip_rescale=1"`` -> {"pingpong": False, ...}
+    (``ENV_FLAGS`` names each variable's fields)."""
+    _, fields, counts = ENV_FLAGS[var]
     flags = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
@@ -140,14 +147,15 @@ def _env_fwd_flags(text: str) -> dict:
             flags[name] = int(value)
             continue
         if name not in fields or value not in ("0", "1"):
-            raise ValueError(f"FLASHTILE_FWD_FLAGS: {item!r} is not <flag>=0|1 with a flag in {sorted(fields)}, "
-                             f"or tiles_per_cta=0|1|2")
+            also = "".join(f", or {n}={'|'.join(v)}" for n, v in counts.items())
+            raise ValueError(f"{var}: {item!r} is not <flag>=0|1 with a flag in {sorted(fields)}{also}")
         flags[name] = value == "1"
     return flags
 
 
-if os.environ.get("FLASHTILE_FWD_FLAGS"):
-    overrides["fwd_flags"] = _env_fwd_flags(os.environ["FLASHTILE_FWD_FLAGS"])
+for _var, (_key, *_) in ENV_FLAGS.items():
+    if os.environ.get(_var):
+        overrides[_key] = _env_flags(_var, os.environ[_var])
 
 
 def kernel_headdim(dim: int, pass_: str) -> int:
@@ -322,6 +330,14 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
     the key block shrinks as the head dim grows."""
     if "bwd" in overrides:
         return overrides["bwd"]
+    config = _bwd_row(dim, dim_v, has_softcap)
+    if overrides.get("bwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
+        return replace(config, **overrides["bwd_flags"])
+    return config
+
+
+def _bwd_row(dim: int, dim_v: int, has_softcap: bool) -> BwdConfig:
+    """``bwd_config``'s table."""
     widest = max(dim, dim_v)
     if widest <= 128:
         # Hand-written warp specialisation (bwd_ws.py, every GEMM async): H200 d=128 4k 2.80-2.85
