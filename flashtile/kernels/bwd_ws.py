@@ -120,6 +120,9 @@ class KeyTileWalk:
         """(query head, first query row) of step ``t``."""
         return query_step(t, self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m)
 
+    def advance(self):
+        """Nothing: ``step`` derives each step from its index (``StepCursor`` keeps state)."""
+
 
 class StepCursor:
     """A ``KeyTileWalk`` in registers, stepped in order: ``h`` and ``m0`` are the current step's
@@ -135,6 +138,10 @@ class StepCursor:
         self.block_m, self._regs = walk.block_m, regs
         # Reads (the kernel body's parser loads a register named by a bare name, not an attribute).
         self.n_steps, self.h, self.m0 = regs.n_steps[0], regs.h[0], regs.m0[0]
+
+    def step(self, t):
+        """(query head, first query row) of the current step, which must be step ``t``."""
+        return self.h, self.m0
 
     def advance(self):
         r = self._regs
@@ -217,65 +224,46 @@ def attention_bwd_dkdv_ws(
         T.fence_proxy_async()
         T.barrier_arrive(bars.dq_full)
 
-    @T.macro
-    def write_step(dQacc, sm, bars, seq, h, m0, st, dq_phase):
-        """The dQ writer warp's step on ring stage ``st``: its dQ tile (query head ``h``, rows
-        from ``m0``) reduce-added into the fp32 accumulator."""
-        T.barrier_wait(bars.dq_full, flip(st, dq_phase))  # one use per step: parity = t & 1
-        # Issued and waited for (TMA has read dq_s) by the warp's first lane.
-        # Rows past a packed sequence's end add exact zeros (masked P).
-        T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), sm.dq_s, use_tma=True)
-        if T.get_thread_binding() == writer_lane0:
-            T.barrier_arrive(bars.dq_empty)
-
-    @T.macro
-    def load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase):
-        """The loader warp's step (i, st): Q + lse and dO + Delta of query head ``h``, rows
-        from ``m0``, by TMA into ring stage ``st``."""
-        T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
-        T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
-        T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
-        T.barrier_arrive(bars.q_full[st])
-        T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
-        T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
-        T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
-        T.barrier_arrive(bars.do_full[st])
+    def producer_walk(walk):
+        """The walk the producer's warps step through: ``walk`` itself, or with
+        ``producer_regs`` a ``StepCursor`` over it (registers stepped in order)."""
+        return StepCursor(walk) if producer_regs else walk
 
     @T.macro
     def load_steps(Q, dO, LSE2, Delta, sm, bars, seq, walk, phase):
         """The loader warp: each step's Q + lse and dO + Delta by TMA into the two-stage rings."""
-        if producer_regs:
-            cur = StepCursor(walk)
-            for i in T.serial(walk.n_pairs):
-                for st in T.unroll(2):
-                    if i * 2 + st < cur.n_steps:
-                        load_step(Q, dO, LSE2, Delta, sm, bars, seq, cur.h, cur.m0, i, st, phase)
-                        cur.advance()
-        else:
-            for i in T.serial(walk.n_pairs):
-                for st in T.unroll(2):
-                    t = i * 2 + st
-                    if t < walk.n_steps:
-                        h, m0 = walk.step(t)
-                        load_step(Q, dO, LSE2, Delta, sm, bars, seq, h, m0, i, st, phase)
+        steps = producer_walk(walk)
+        for i in T.serial(walk.n_pairs):
+            for st in T.unroll(2):
+                t = i * 2 + st
+                if t < steps.n_steps:
+                    h, m0 = steps.step(t)
+                    T.barrier_wait(bars.q_empty[st], flip((i & 1) ^ 1, phase))
+                    T.tma_copy(seq.q_rows(Q, m0, block_m, h), sm.q_s[st, :, :], barrier=bars.q_full[st])
+                    T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s[st * block_m : (st + 1) * block_m], barrier=bars.q_full[st])
+                    T.barrier_arrive(bars.q_full[st])
+                    T.barrier_wait(bars.do_empty[st], flip((i & 1) ^ 1, phase))
+                    T.tma_copy(seq.q_rows(dO, m0, block_m, h), sm.do_s[st, :, :], barrier=bars.do_full[st])
+                    T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s[st * block_m : (st + 1) * block_m], barrier=bars.do_full[st])
+                    T.barrier_arrive(bars.do_full[st])
+                    steps.advance()
 
     @T.macro
     def write_steps(dQacc, sm, bars, seq, walk, dq_phase):
         """The dQ writer warp: each step's dQ tile reduce-added into the fp32 accumulator."""
-        if producer_regs:
-            cur = StepCursor(walk)
-            for i in T.serial(walk.n_pairs):
-                for st in T.unroll(2):
-                    if i * 2 + st < cur.n_steps:
-                        write_step(dQacc, sm, bars, seq, cur.h, cur.m0, st, dq_phase)
-                        cur.advance()
-        else:
-            for i in T.serial(walk.n_pairs):
-                for st in T.unroll(2):
-                    t = i * 2 + st
-                    if t < walk.n_steps:
-                        h, m0 = walk.step(t)
-                        write_step(dQacc, sm, bars, seq, h, m0, st, dq_phase)
+        steps = producer_walk(walk)
+        for i in T.serial(walk.n_pairs):
+            for st in T.unroll(2):
+                t = i * 2 + st
+                if t < steps.n_steps:
+                    h, m0 = steps.step(t)
+                    T.barrier_wait(bars.dq_full, flip(st, dq_phase))  # one use per step: parity = t & 1
+                    # Issued and waited for (TMA has read dq_s) by the warp's first lane.
+                    # Rows past a packed sequence's end add exact zeros (masked P).
+                    T.atomic_add(seq.q_rows(dQacc, m0, block_m, h), sm.dq_s, use_tma=True)
+                    if T.get_thread_binding() == writer_lane0:
+                        T.barrier_arrive(bars.dq_empty)
+                    steps.advance()
 
     @T.macro
     def compute_steps(k_t, v_t, sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase):
