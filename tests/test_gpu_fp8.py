@@ -68,6 +68,9 @@ DENSE = [
     C(b=1, sq=4224, sk=4224, causal=True, h=4, hkv=1),
     C(d=64, dv=64, sq=517, sk=517),
     C(d=64, dv=64, sq=300, sk=700, causal=True, h=8, hkv=2),
+    # Both lengths > 1024: d = 64's long row (192 x 128 tiles, configs.short_forward).
+    C(b=1, d=64, dv=64, sq=1100, sk=1301, causal=True, h=8, hkv=2),
+    C(b=1, d=64, dv=64, sq=2049, sk=1500, h=4, hkv=1),
     C(d=256, dv=256, sq=333, sk=333, causal=True),
     C(d=256, dv=256, sq=129, sk=1000),
     # d = 256: one key, a partial last key block, many blocks through both ring stages, GQA,

@@ -176,14 +176,14 @@ def test_short_forwards_take_their_own_tiles(d, dv, sq, sk, short):
 
 @pytest.mark.parametrize("d,dv,sq,sk,short", [
     (128, 128, 4096, 4096, False), (128, 128, 16384, 4096, False), (128, 128, 4095, 16384, True),
-    (128, 128, 16384, 1, True), (128, 128, 1, 1, True), (96, 96, 16384, 16384, False), (64, 64, 512, 512, False),
-    (256, 256, 512, 512, False),
+    (128, 128, 16384, 1, True), (128, 128, 1, 1, True), (96, 96, 16384, 16384, False), (64, 64, 512, 512, True),
+    (64, 64, 1024, 16384, True), (64, 64, 1025, 1025, False), (64, 32, 512, 512, False), (256, 256, 512, 512, False),
 ])
 def test_fp8_forwards_take_the_long_row_only_when_both_lengths_are_long(d, dv, sq, sk, short):
     """``configs.short_forward(..., fp8=True)``: the FP8 d = 128 forward runs one 192 x 96 tile per
-    CTA on three consumer warpgroups when both lengths are at least 4096, the persistent pairs of
-    128 x 128 tiles otherwise; packed batches and other head dims keep their one kernel, and
-    precompile builds both d = 128 rows."""
+    CTA on three consumer warpgroups when both lengths are at least 4096, d = 64 one 192 x 128
+    tile when both are above 1024, the persistent pairs of 128 x 128 tiles otherwise; packed
+    batches and other head dims keep their one kernel, and precompile builds both rows."""
     from flashtile.kernels import precompile
 
     fp8 = "float8_e4m3fn"
@@ -194,8 +194,12 @@ def test_fp8_forwards_take_the_long_row_only_when_both_lengths_are_long(d, dv, s
         assert (short_cfg.block_m, short_cfg.block_n, short_cfg.tiles_per_cta) == (128, 128, 0), short_cfg
         assert configs.fwd_config(128, 128, fp8, kind, varlen=True) == configs.fwd_config(128, 128, fp8, kind, True, True)
         assert configs.fwd_config(96, 96, fp8, kind) == configs.fwd_config(96, 96, fp8, kind, short=True)
+        long_64, short_64 = configs.fwd_config(64, 64, fp8, kind), configs.fwd_config(64, 64, fp8, kind, short=True)
+        assert (long_64.block_m, long_64.block_n, long_64.tiles_per_cta) == (192, 128, 1), long_64
+        assert short_64 == short_cfg, short_64
+        assert configs.fwd_config(64, 64, fp8, kind, varlen=True) == long_64
     built = [kw.get("short", False) for p, kw in precompile.structures([(d, dv)], ["bfloat16"], ["plain"], ["fwd8", "vfwd8"])]
-    assert built == ([False, True, False] if (d, dv) == (128, 128) else [False, False]), built
+    assert built == ([False, True, False] if (d, dv) in ((64, 64), (128, 128)) else [False, False]), built
 
 
 def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):

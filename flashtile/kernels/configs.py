@@ -182,13 +182,13 @@ def mask_kind(window: tuple[int, int]) -> str:
 # ``short_forward``'s tiles.
 SHORT_SEQLEN = {64: 1024, 256: 512}
 # FP8 forwards with either length at most this (per head dim) take the short row.
-FP8_SHORT_SEQLEN = {128: 4095}
+FP8_SHORT_SEQLEN = {64: 1024, 128: 4095}
 
 
 def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> bool:
     """Whether a dense forward takes the short-sequence row of ``fwd_config`` (a runtime choice
     between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN[d]``;
-    FP8 (``fp8``) d = 128 with either length <= ``FP8_SHORT_SEQLEN[d]``.
+    FP8 (``fp8``) d = 64 and d = 128 with either length <= ``FP8_SHORT_SEQLEN[d]``.
 
     d = 64: such tiles see at most 8 key blocks, too few to amortise a one-tile CTA's launch, Q
     load and epilogue (29% of the warp samples at 1k causal: NOTES, eleventh session), so they
@@ -214,7 +214,13 @@ def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool 
     0.735-0.753, causal 0.439-0.440 / 0.440-0.444; 16k full 2.684-2.770 / 2.620-2.702, causal
     1.417-1.437 / 1.336-1.385; GQA 4:1 4k full 0.726 / 0.714, 16k causal 1.419 / 1.337.  Both
     lengths: the 192-row tiles lose where a tile's key loop is short (the pairs overlap a
-    tile's end with the next tile's start) and where the last tile of a row is mostly empty."""
+    tile's end with the next tile's start) and where the last tile of a row is mostly empty.
+
+    FP8 d = 64: the same 128 x 128 pairs (with ``producer_regs``) up to 1024, one 192 x 128 tile
+    per CTA beyond.  H100 (``h100-2026-12-07c/t``: ``tune.py fwd --fp8 --headdim 64``, 16k
+    tokens x 32 heads, ms, two interleaved rounds, 192 x 128 / pairs): 1k full 0.412-0.416 /
+    0.398-0.408, causal 0.340-0.341 / 0.299-0.300; 4k full 1.048-1.049 / 1.189-1.191, causal
+    0.631-0.641 / 0.703-0.706; 16k 12-21% slower.  The bound is the measured 1k (2k not timed)."""
     bound = (FP8_SHORT_SEQLEN if fp8 else SHORT_SEQLEN).get(dim, 0) if dim == dim_v else 0
     if fp8:  # either length short
         return bound > 0 and min(seqlen_q, seqlen_k) <= bound
@@ -303,17 +309,18 @@ def fp8_fwd_config(dim: int, dim_v: int, varlen: bool = False, short: bool = Fal
     """FP8 forward tiles: the hand-written kernel with the bf16 rows' schedules (persistent pairs
     at d <= 128 for dense batches, except d = 128's long sequences).  Key blocks are multiples
     of 32 (P is the P V GEMM's A operand, K-sliced by 32 in FP8).  FP8 halves Q/K/V's shared memory, so d=256 takes 128 keys where bf16
-    takes 80.  ``short`` (``short_forward``): d = 128's dense row for short sequences; the
-    long one is 192 x 96 on three consumer warpgroups (192 x 128 spills their 160 registers a
+    takes 80.  ``short`` (``short_forward``): d = 64's and d = 128's dense row for short
+    sequences, the 128 x 128 pairs; d = 128's long one is 192 x 96 on three consumer warpgroups (192 x 128 spills their 160 registers a
     thread; the persistent pairs spill at 192 x 96).  128 x 160 persistent pairs: 3-10% slower
     than either d = 128 row (H100, h100-2026-12-07/c).  P's row sums on the tensor cores (a
     WGMMA of P with a tile of ones beside P V, no FADD per weight) were 1-5% faster at d = 128
     but sum P after its e4m3 rounding: the lse came out 1-2% off (NOTES, thirty-second and
     thirty-third sessions); removed.  ``producer_regs`` (H100 A/B, h100-2026-12-07c/r): on in the
     d = 128 rows (192 x 96: 0 to -3%; 128 x 128 pairs: -2 to -4% at 1k-16k); off at d = 256, where
-    it was 1-3.5% slower at 4k/16k in both rounds, and at d = 64 (not measured)."""
+    it was 1-3.5% slower at 4k/16k in both rounds, and in d = 64's long 192 x 128 row, where it
+    was level (h100-2026-12-07c/t, two rounds: 1k/4k +-1%, 16k -0.3%)."""
     widest = max(dim, dim_v)
-    if widest <= 64:
+    if widest <= 64 and not short:  # short: d = 128's pairs below
         return FwdConfig(block_m=192, block_n=128, num_stages=2, threads=384, manual_ws=True, pingpong=True)
     if (dim, dim_v) == (128, 128) and not varlen and not short:
         return FwdConfig(block_m=192, block_n=96, num_stages=2, threads=384, manual_ws=True, pingpong=True,
