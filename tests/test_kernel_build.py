@@ -346,3 +346,32 @@ def test_producer_regs_loads_from_registers(monkeypatch, dim, short):
     assert loads, "no K/V TMA loads found"
     derived = [line.strip() for line in loads if re.search(r"rdiv|rmod|/|%", line)]
     assert not derived, f"loads still re-derive the tile's coordinates: {derived}"
+
+
+def test_softmax_turns_guard_the_softmax(monkeypatch, dim=64):
+    """``FwdConfig.softmax_turns`` (NOTES prediction 11): each pingpong turn (``fwd_ws.gemm_turns``,
+    barriers ``TURN_BARRIER + wg``) spans a key block's exponentials and no GEMM issue, where the
+    default turns span the GEMM issues and no exponential; off, the flag is left out of the
+    structure (the kernels built before it keep their ids)."""
+    from dataclasses import replace
+
+    from flashtile.kernels.launch import forward_kernel as get_forward_kernel
+
+    default = configs.fwd_config(dim, dim, torch.bfloat16, "local", short=True)
+    assert default.pingpong and not default.softmax_turns and "softmax_turns" not in default.as_kwargs(), default
+
+    def turn_spans(cfg):
+        monkeypatch.setitem(configs.overrides, "fwd", cfg)
+        lines = get_forward_kernel(dim, dim, "bfloat16", False, False, window=(-1, 0), short=True).get_kernel_source().splitlines()
+        takes = [i for i, line in enumerate(lines) if re.search(r"__sync_thread_partial\(.*\+ 9\), 256\)", line)]
+        spans = []
+        for i in takes:
+            end = next(j for j in range(i + 1, len(lines)) if "__named_barrier_arrive(" in lines[j])
+            spans.append("\n".join(lines[i:end]))
+        return spans
+
+    spans = turn_spans(default)
+    assert spans and all("wgmma" in span and "exp2f" not in span for span in spans), "default turns: GEMM issues only"
+    spans = turn_spans(replace(default, softmax_turns=True))
+    assert len(spans) >= 2 and all("exp2f" in span and "wgmma_" not in span for span in spans), \
+        "softmax turns: each turn should hold a block's exponentials and no GEMM issue"

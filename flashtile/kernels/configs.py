@@ -55,11 +55,15 @@ class FwdConfig:
     # range) in registers instead of re-deriving them, integer divisions included, for every
     # K/V load (NOTES prediction 9: on in the rows it made faster, ``_fwd_row``)
     producer_regs: bool = False
+    # hand-written with pingpong only (not measured yet, NOTES prediction 11): the turns guard each
+    # key block's softmax instead of the GEMM issues (``fwd_ws.gemm_turns``), as cuDNN's forward
+    softmax_turns: bool = False
 
     def as_kwargs(self) -> dict:
         hand_written_only = ("manual_ws",) if self.manual_ws else ("manual_ws", "pingpong", "tiles_per_cta", "skip_rescale",
-                                                                  "defer_sum", "explicit_syncs", "producer_regs")
-        return _builder_kwargs(self, hand_written_only, added_flags=("producer_regs",))
+                                                                  "defer_sum", "explicit_syncs", "producer_regs",
+                                                                  "softmax_turns")
+        return _builder_kwargs(self, hand_written_only, added_flags=("producer_regs", "softmax_turns"))
 
     @property
     def builder(self) -> str:
@@ -130,7 +134,7 @@ overrides: dict[str, object] = {}
 # boolean fields, count fields with their values).  While one is set the launcher does not
 # memoise its kernel choice (``launch._memoised``: overrides may change).
 ENV_FLAGS = {
-    "FLASHTILE_FWD_FLAGS": ("fwd_flags", {"pingpong", "skip_rescale", "defer_sum", "producer_regs"},
+    "FLASHTILE_FWD_FLAGS": ("fwd_flags", {"pingpong", "skip_rescale", "defer_sum", "producer_regs", "softmax_turns"},
                             {"tiles_per_cta": ("0", "1", "2")}),  # 0 persistent, 1 one tile a CTA, 2 a pair
     "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs"}, {}),
 }

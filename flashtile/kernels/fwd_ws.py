@@ -34,6 +34,8 @@ paired schedule also orders its shared memory by hand (mbarriers and ``CONSUMERS
 with ``WS_PASS_CONFIGS``); the one-tile schedule keeps TileLang's sync pass.
 """
 
+from types import SimpleNamespace
+
 import tilelang
 import tilelang.language as T
 
@@ -57,27 +59,60 @@ TURN_BARRIER = 9
 CONSUMER_REGS = {2: 240, 3: 160}
 
 
-def gemm_turns(pingpong: bool, n_wg: int):
-    """Macros ``take_turn(wg)`` / ``pass_turn(wg)`` ordering the consumer warpgroups' GEMM issues.
+def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: bool = False):
+    """Macros ``take_turn(wg)`` / ``pass_turn(wg)`` ordering the consumer warpgroups' GEMM issues,
+    ``take_softmax(wg)`` / ``pass_softmax(wg)`` around each block's softmax, and
+    ``first_turn(wg)``, by which the last warpgroup hands warpgroup 0 the first turn (in either
+    mode).
 
     FA3's inter-warpgroup pingpong: a warpgroup issues its S and P V GEMMs only in its turn and
     hands the turn to the next warpgroup (round robin) right after issuing, so the tensor
     cores run one warpgroup's GEMMs while the others do their softmax, instead of every
     softmax landing in the same gap.  Turn barrier ``w`` completes when warpgroup ``w`` syncs
-    (128 threads) and its predecessor arrives (128 threads).  Without pingpong both are empty.
+    (128 threads) and its predecessor arrives (128 threads).  Without pingpong all are empty.
+
+    ``softmax_turns`` (with ``pingpong``): the turn guards each block's softmax instead of the
+    GEMM issues, as cuDNN's d = 64 forward does (its SASS: the turn barrier between the row
+    max and the exponentials), so one warpgroup at a time uses an SM sub-partition's MUFU and
+    FP pipes (each holds one warp of each consumer warpgroup) while the other's GEMMs run.
     """
+    gemm, softmax = pingpong and not softmax_turns, pingpong and softmax_turns
+
+    @T.macro
+    def take(wg):
+        T.sync_threads(TURN_BARRIER + wg, 256)
+
+    @T.macro
+    def hand_on(wg):
+        T.named_barrier_arrive(TURN_BARRIER + (wg + 1) % n_wg, 256)
 
     @T.macro
     def take_turn(wg):
-        if pingpong:
-            T.sync_threads(TURN_BARRIER + wg, 256)
+        if gemm:
+            take(wg)
 
     @T.macro
     def pass_turn(wg):
-        if pingpong:
-            T.named_barrier_arrive(TURN_BARRIER + (wg + 1) % n_wg, 256)
+        if gemm:
+            hand_on(wg)
 
-    return take_turn, pass_turn
+    @T.macro
+    def take_softmax(wg):
+        if softmax:
+            take(wg)
+
+    @T.macro
+    def pass_softmax(wg):
+        if softmax:
+            hand_on(wg)
+
+    @T.macro
+    def first_turn(wg):
+        if pingpong:
+            hand_on(wg)
+
+    return SimpleNamespace(take_turn=take_turn, pass_turn=pass_turn, take_softmax=take_softmax,
+                           pass_softmax=pass_softmax, first_turn=first_turn)
 
 
 def rescaler(block_m: int, dim_v: int, skip: bool):
@@ -126,6 +161,7 @@ def fwd_ws_prim_func(
     defer_sum: bool = False,
     explicit_syncs: bool = False,
     producer_regs: bool = False,
+    softmax_turns: bool = False,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
@@ -138,7 +174,9 @@ def fwd_ws_prim_func(
     paired schedule's ``epilogue``), for a build without TileLang's sync pass.  ``producer_regs``:
     the producer keeps the tile's coordinates in registers (paired: query head, kv head, batch
     entry; one tile: first key block, block count, kv head); as expressions (``tile_pair``'s,
-    ``query_tile``'s) they are re-derived, integer divisions included, for every K/V load."""
+    ``query_tile``'s) they are re-derived, integer divisions included, for every K/V load.
+    ``softmax_turns``: the pingpong turns guard each block's softmax, not the GEMM issues
+    (``gemm_turns``)."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
@@ -150,7 +188,15 @@ def fwd_ws_prim_func(
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)
-    take_turn, pass_turn = gemm_turns(pingpong, n_wg)
+    turns = gemm_turns(pingpong, n_wg, softmax_turns)
+    take_turn, pass_turn = turns.take_turn, turns.pass_turn
+
+    @T.macro
+    def softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in):
+        """One key block's online softmax (``update``), in the warpgroup's turn with ``softmax_turns``."""
+        turns.take_softmax(wg)
+        update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in)
+        turns.pass_softmax(wg)
     # Tiles end at the sequence's end (``query_tile``) where that saves key blocks: with
     # block_m == block_n both alignments visit the same blocks, and the clamp costs the paired
     # d=128 kernel an 8-byte spill.
@@ -181,7 +227,7 @@ def fwd_ws_prim_func(
                     pass_turn(wg)
                     T.wait_wgmma(1)
                     T.barrier_arrive(k_empty[1 - st])
-                    update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
+                    softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
                     T.wait_wgmma(0)
                     T.barrier_arrive(v_empty[st])
                     cast_p(s, p)
@@ -243,7 +289,7 @@ def fwd_ws_prim_func(
                 # A tile that sees no key skips every GEMM (the one-tile schedule, unlike the
                 # paired one, has no next tile whose turns it must keep in step with).
                 if wg == n_wg - 1 and n_blocks > 0:
-                    pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
+                    turns.first_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
                 if n_blocks > 0:  # block 0 alone: nothing to overlap yet
                     T.barrier_wait(k_full[0], 0)
                     take_turn(wg)
@@ -251,7 +297,7 @@ def fwd_ws_prim_func(
                     pass_turn(wg)
                     T.wait_wgmma(0)
                     T.barrier_arrive(k_empty[0])
-                    update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
+                    softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
                     cast_p(s, p)
                 block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args)
                 if n_blocks > 0:  # the last block's P V (its V sits in stage (n_blocks - 1) % 2)
@@ -369,7 +415,7 @@ def fwd_ws_prim_func(
                 T.clear(l)
                 T.fill(m, -T.infinity(acc))
                 if wg == n_wg - 1:
-                    pass_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
+                    turns.first_turn(wg)  # the last warpgroup hands warpgroup 0 the first turn
                 for it in T.serial(T.ceildiv(n_items - cta, grid)):
                     for half in T.serial(2):
                         h, b, bx, real = tile_pair(cta + it * grid, half, n_qb, pairs, H)
@@ -408,7 +454,7 @@ def fwd_ws_prim_func(
                             T.copy(l, l_last)
                             T.fill(m, -T.infinity(acc))
                             T.clear(l)
-                            update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
+                            softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
                             T.wait_wgmma(0)
                             if tiles > 0:
                                 T.barrier_arrive(v_empty[prev_last % 2])
