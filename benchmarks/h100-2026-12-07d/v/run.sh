@@ -3,8 +3,8 @@
 # 0. The FP8 GPU tests (the FP8 d = 64 short row: 128 x 128 persistent pairs up to 1024).
 # 1. Prediction 11 (NOTES): FwdConfig.softmax_turns (the pingpong turns around each block's
 #    softmax instead of the GEMM issues, as cuDNN's forward) against the table's rows, with
-#    tune.py --check first: d = 64 short row (1k; also without turns), d = 64 long row (4k / 16k),
-#    d = 128 pairs (1k / 4k); two interleaved rounds.
+#    tune.py --check first: d = 64 short row (1k; also without turns), d = 128 pairs (1k / 4k),
+#    d = 64 long row (4k / 16k); two interleaved rounds.
 # 2. FP8 d = 64 at 2k: the 192 x 128 tile against the pairs (where the short row's bound sits).
 # 3. The forward bench at 1k / 4k, d = 64 / 128, bf16 and FP8 against cuDNN in the same run.
 # Each step under its own deadline; the lines worth reading go to summary.txt.
@@ -24,10 +24,10 @@ tune() {  # tune NAME DEADLINE ARGS...: one tune.py run, its TUNE / CHECK lines 
 }
 c=128,128,2,256,1,1,0,0,1,0,1  # d = 64 short row, causal (GEMM turns); full attention runs it without turns
 tune d64short ${D64S_S:-80} --headdim 64 --seqlen 1024 --check --configs $c $c,1 128,128,2,256,1,0,0,0,1,0,1
-c=192,128,2,384,1,1,1,0,1,0,1  # d = 64 long row
-tune d64long ${D64L_S:-80} --headdim 64 --seqlen 4096 16384 --configs $c $c,1
 c=128,128,2,256,1,1,0,0,0,0,1  # d = 128 pairs
 tune d128 ${D128_S:-80} --headdim 128 --seqlen 1024 4096 --check --configs $c $c,1
+c=192,128,2,384,1,1,1,0,1,0,1  # d = 64 long row
+tune d64long ${D64L_S:-80} --headdim 64 --seqlen 4096 16384 --configs $c $c,1
 tune fp8d64 ${FP8_S:-45} --fp8 --headdim 64 --seqlen 2048 --configs 192,128,2,384,1,1,1,0,0,0 128,128,2,256,1,1,0,0,0,0,1
 timeout ${BENCH_S:-120} python3 -m flashtile.bench --headdim 64 128 --seqlen 1k 4k --mode fwd --rounds 2 \
   --backends flashtile flashtile-fp8 cudnn --time-limit $(( ${BENCH_S:-120} - 15 )) > "$OUTDIR/bench.md" 2>&1
