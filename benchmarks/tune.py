@@ -14,6 +14,7 @@ launch) print one line and the sweep goes on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -50,9 +51,9 @@ TABLES = {"fwd": FWD, "bwd": BWD, "bwd_dq": DQ}  # keys are also configs.overrid
 
 def make_config(which, cfg):
     cls = {"fwd": configs.FwdConfig, "bwd": configs.BwdConfig, "bwd_dq": configs.DqConfig}[which]
-    if which == "fwd":  # manual_ws and pingpong flags, then tiles_per_cta, then the skip_rescale flag
-        return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:6]), *cfg[6:7], *(bool(flag) for flag in cfg[7:]))
-    return cls(*cfg[:4], *(bool(flag) for flag in cfg[4:]))  # then the flags, in field order
+    # Values in field order; flags (bool fields) as 0/1, counts (tiles_per_cta, softmax_turns) as ints.
+    kinds = [f.type in (bool, "bool") for f in dataclasses.fields(cls)]
+    return cls(*(bool(v) if flag else int(v) for v, flag in zip(cfg, kinds)))
 
 
 def prebuild(which, d, cfg, det, fp8=False):

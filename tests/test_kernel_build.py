@@ -348,11 +348,13 @@ def test_producer_regs_loads_from_registers(monkeypatch, dim, short):
     assert not derived, f"loads still re-derive the tile's coordinates: {derived}"
 
 
-def test_softmax_turns_guard_the_softmax(monkeypatch, dim=64):
+@pytest.mark.parametrize("mode", [1, 2], ids=["softmax", "exponentials"])
+def test_softmax_turns_guard_the_softmax(monkeypatch, mode, dim=64):
     """``FwdConfig.softmax_turns`` (NOTES prediction 11): each pingpong turn (``fwd_ws.gemm_turns``,
-    barriers ``TURN_BARRIER + wg``) spans a key block's exponentials and no GEMM issue, where the
-    default turns span the GEMM issues and no exponential; off, the flag is left out of the
-    structure (the kernels built before it keep their ids)."""
+    barriers ``TURN_BARRIER + wg``) spans a key block's exponentials and no GEMM issue (mode 2:
+    nor the row max's reduction), where the default turns span the GEMM issues and no
+    exponential; off, the flag is left out of the structure (the kernels built before it keep
+    their ids)."""
     from dataclasses import replace
 
     from flashtile.kernels.launch import forward_kernel as get_forward_kernel
@@ -372,6 +374,8 @@ def test_softmax_turns_guard_the_softmax(monkeypatch, dim=64):
 
     spans = turn_spans(default)
     assert spans and all("wgmma" in span and "exp2f" not in span for span in spans), "default turns: GEMM issues only"
-    spans = turn_spans(replace(default, softmax_turns=True))
+    spans = turn_spans(replace(default, softmax_turns=mode))
     assert len(spans) >= 2 and all("exp2f" in span and "wgmma_" not in span for span in spans), \
         "softmax turns: each turn should hold a block's exponentials and no GEMM issue"
+    with_max = [("MaxOp" in span) for span in spans]
+    assert all(with_max) if mode == 1 else not any(with_max), f"mode {mode}: the row max inside the turns: {with_max}"

@@ -59,11 +59,11 @@ TURN_BARRIER = 9
 CONSUMER_REGS = {2: 240, 3: 160}
 
 
-def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: bool = False):
+def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: int = 0):
     """Macros ``take_turn(wg)`` / ``pass_turn(wg)`` ordering the consumer warpgroups' GEMM issues,
-    ``take_softmax(wg)`` / ``pass_softmax(wg)`` around each block's softmax, and
-    ``first_turn(wg)``, by which the last warpgroup hands warpgroup 0 the first turn (in either
-    mode).
+    ``take_softmax(wg)`` / ``pass_softmax(wg)`` around each block's softmax, ``exp_turn`` (None,
+    or the pair ``online_softmax`` runs around the exponentials), and ``first_turn(wg)``, by which
+    the last warpgroup hands warpgroup 0 the first turn (in every mode).
 
     FA3's inter-warpgroup pingpong: a warpgroup issues its S and P V GEMMs only in its turn and
     hands the turn to the next warpgroup (round robin) right after issuing, so the tensor
@@ -72,11 +72,13 @@ def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: bool = False):
     (128 threads) and its predecessor arrives (128 threads).  Without pingpong all are empty.
 
     ``softmax_turns`` (with ``pingpong``): the turn guards each block's softmax instead of the
-    GEMM issues, as cuDNN's d = 64 forward does (its SASS: the turn barrier between the row
-    max and the exponentials), so one warpgroup at a time uses an SM sub-partition's MUFU and
-    FP pipes (each holds one warp of each consumer warpgroup) while the other's GEMMs run.
+    GEMM issues (1: mask, row max, exponentials and row sums; 2: the exponentials and row sums
+    only, after the row max, where cuDNN's d = 64 forward puts its turn barrier), so one
+    warpgroup at a time uses an SM sub-partition's MUFU and FP pipes (each holds one warp of
+    each consumer warpgroup) while the other's GEMMs run.
     """
-    gemm, softmax = pingpong and not softmax_turns, pingpong and softmax_turns
+    assert softmax_turns in (0, 1, 2), softmax_turns
+    gemm, softmax = pingpong and not softmax_turns, pingpong and softmax_turns == 1
 
     @T.macro
     def take(wg):
@@ -111,8 +113,9 @@ def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: bool = False):
         if pingpong:
             hand_on(wg)
 
+    exp_turn = (take, hand_on) if pingpong and softmax_turns == 2 else None
     return SimpleNamespace(take_turn=take_turn, pass_turn=pass_turn, take_softmax=take_softmax,
-                           pass_softmax=pass_softmax, first_turn=first_turn)
+                           pass_softmax=pass_softmax, exp_turn=exp_turn, first_turn=first_turn)
 
 
 def rescaler(block_m: int, dim_v: int, skip: bool):
@@ -161,7 +164,7 @@ def fwd_ws_prim_func(
     defer_sum: bool = False,
     explicit_syncs: bool = False,
     producer_regs: bool = False,
-    softmax_turns: bool = False,
+    softmax_turns: int = 0,
 ):
     """Build the PrimFunc; arguments as ``fwd.attention_fwd_kernel`` (FP8 with ``out_dtype``), plus ``pingpong`` (the
     consumer warpgroups take turns issuing their GEMMs, ``gemm_turns``) and ``tiles_per_cta``:
@@ -175,8 +178,8 @@ def fwd_ws_prim_func(
     the producer keeps the tile's coordinates in registers (paired: query head, kv head, batch
     entry; one tile: first key block, block count, kv head); as expressions (``tile_pair``'s,
     ``query_tile``'s) they are re-derived, integer divisions included, for every K/V load.
-    ``softmax_turns``: the pingpong turns guard each block's softmax, not the GEMM issues
-    (``gemm_turns``)."""
+    ``softmax_turns``: the pingpong turns guard each block's softmax (1) or its exponentials (2),
+    not the GEMM issues (``gemm_turns``)."""
     n_wg = threads // 128  # consumer warpgroups, 64 query rows each
     assert num_stages == 2 and n_wg in CONSUMER_REGS and block_m == 64 * n_wg, "2-stage ring, 2 or 3 consumer warpgroups of 64 rows"
     assert tiles_per_cta == 1 or not varlen, "packed batches run one tile per CTA"
@@ -184,18 +187,21 @@ def fwd_ws_prim_func(
     ops = Operands(dtype, out_dtype)
     acc = T.float32
     total = threads + 128  # + one producer warpgroup
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum)
+    turns = gemm_turns(pingpong, n_wg, softmax_turns)
+    take_turn, pass_turn = turns.take_turn, turns.pass_turn
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum, turns.exp_turn)
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)
-    turns = gemm_turns(pingpong, n_wg, softmax_turns)
-    take_turn, pass_turn = turns.take_turn, turns.pass_turn
 
     @T.macro
     def softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in):
         """One key block's online softmax (``update``), in the warpgroup's turn with ``softmax_turns``."""
         turns.take_softmax(wg)
-        update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in)
+        if turns.exp_turn is None:
+            update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in)
+        else:  # the turn around its exponentials, inside ``update``
+            update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in, None, wg)
         turns.pass_softmax(wg)
     # Tiles end at the sequence's end (``query_tile``) where that saves key blocks: with
     # block_m == block_n both alignments visit the same blocks, and the clamp costs the paired
