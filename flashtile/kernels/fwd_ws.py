@@ -60,10 +60,10 @@ CONSUMER_REGS = {2: 240, 3: 160}
 
 
 def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: int = 0):
-    """Macros ``take_turn(wg)`` / ``pass_turn(wg)`` ordering the consumer warpgroups' GEMM issues,
-    ``take_softmax(wg)`` / ``pass_softmax(wg)`` around each block's softmax, ``exp_turn`` (None,
-    or the pair ``online_softmax`` runs around the exponentials), and ``first_turn(wg)``, by which
-    the last warpgroup hands warpgroup 0 the first turn (in every mode).
+    """The pingpong turns: macros ``take_turn(wg)`` / ``pass_turn(wg)`` around the consumer
+    warpgroups' GEMM issues, ``first_turn(wg)``, by which the last warpgroup hands warpgroup 0
+    the first turn (in every mode), and ``softmax_turn`` for ``online_softmax`` (None, or the
+    turn it takes around each block's softmax).
 
     FA3's inter-warpgroup pingpong: a warpgroup issues its S and P V GEMMs only in its turn and
     hands the turn to the next warpgroup (round robin) right after issuing, so the tensor
@@ -78,7 +78,6 @@ def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: int = 0):
     each consumer warpgroup) while the other's GEMMs run.
     """
     assert softmax_turns in (0, 1, 2), softmax_turns
-    gemm, softmax = pingpong and not softmax_turns, pingpong and softmax_turns == 1
 
     @T.macro
     def take(wg):
@@ -88,34 +87,20 @@ def gemm_turns(pingpong: bool, n_wg: int, softmax_turns: int = 0):
     def hand_on(wg):
         T.named_barrier_arrive(TURN_BARRIER + (wg + 1) % n_wg, 256)
 
-    @T.macro
-    def take_turn(wg):
-        if gemm:
-            take(wg)
+    def when(on: bool, body):
+        """``body``, or an empty macro (a Python-level test: nothing is emitted when off)."""
+        @T.macro
+        def guarded(wg):
+            if on:
+                body(wg)
+        return guarded
 
-    @T.macro
-    def pass_turn(wg):
-        if gemm:
-            hand_on(wg)
-
-    @T.macro
-    def take_softmax(wg):
-        if softmax:
-            take(wg)
-
-    @T.macro
-    def pass_softmax(wg):
-        if softmax:
-            hand_on(wg)
-
-    @T.macro
-    def first_turn(wg):
-        if pingpong:
-            hand_on(wg)
-
-    exp_turn = (take, hand_on) if pingpong and softmax_turns == 2 else None
-    return SimpleNamespace(take_turn=take_turn, pass_turn=pass_turn, take_softmax=take_softmax,
-                           pass_softmax=pass_softmax, exp_turn=exp_turn, first_turn=first_turn)
+    gemm = pingpong and not softmax_turns
+    softmax_turn = None
+    if pingpong and softmax_turns:
+        softmax_turn = SimpleNamespace(take=take, hand_on=hand_on, after_max=softmax_turns == 2)
+    return SimpleNamespace(take_turn=when(gemm, take), pass_turn=when(gemm, hand_on),
+                           first_turn=when(pingpong, hand_on), softmax_turn=softmax_turn)
 
 
 def rescaler(block_m: int, dim_v: int, skip: bool):
@@ -189,20 +174,12 @@ def fwd_ws_prim_func(
     total = threads + 128  # + one producer warpgroup
     turns = gemm_turns(pingpong, n_wg, softmax_turns)
     take_turn, pass_turn = turns.take_turn, turns.pass_turn
-    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum, turns.exp_turn)
+    update, finish = online_softmax(block_m, block_n, dim_v, has_sinks, has_softcap, ops.p_offset, defer_sum,
+                                    turns.softmax_turn)
     cast_p = ops.p_caster(block_m, block_n)
     v_ring = [2, *ops.v_tile(block_n, dim_v)]  # two stages of V tiles (FP8: V^T tiles)
     load_kv = kv_pipeline_producer(block_n, ops)
 
-    @T.macro
-    def softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in):
-        """One key block's online softmax (``update``), in the warpgroup's turn with ``softmax_turns``."""
-        turns.take_softmax(wg)
-        if turns.exp_turn is None:
-            update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in)
-        else:  # the turn around its exponentials, inside ``update``
-            update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in, None, wg)
-        turns.pass_softmax(wg)
     # Tiles end at the sequence's end (``query_tile``) where that saves key blocks: with
     # block_m == block_n both alignments visit the same blocks, and the clamp costs the paired
     # d=128 kernel an 8-byte spill.
@@ -233,7 +210,7 @@ def fwd_ws_prim_func(
                     pass_turn(wg)
                     T.wait_wgmma(1)
                     T.barrier_arrive(k_empty[1 - st])
-                    softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args)
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, (kb_lo + t) * block_n, *mask_args, None, wg)
                     T.wait_wgmma(0)
                     T.barrier_arrive(v_empty[st])
                     cast_p(s, p)
@@ -303,7 +280,7 @@ def fwd_ws_prim_func(
                     pass_turn(wg)
                     T.wait_wgmma(0)
                     T.barrier_arrive(k_empty[0])
-                    softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
+                    update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args, None, wg)
                     cast_p(s, p)
                 block_steps(q_s, k_s, v_s, s, p, o, m, m_prev, m_safe, alpha, row_sum, l, k_full, v_full, k_empty, v_empty, wg, kb_lo, n_blocks, 0, *mask_args)
                 if n_blocks > 0:  # the last block's P V (its V sits in stage (n_blocks - 1) % 2)
@@ -460,7 +437,7 @@ def fwd_ws_prim_func(
                             T.copy(l, l_last)
                             T.fill(m, -T.infinity(acc))
                             T.clear(l)
-                            softmax_step(wg, s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args)
+                            update(s, m, m_prev, m_safe, alpha, row_sum, l, kb_lo * block_n, *mask_args, None, wg)
                             T.wait_wgmma(0)
                             if tiles > 0:
                                 T.barrier_arrive(v_empty[prev_last % 2])

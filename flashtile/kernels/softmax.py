@@ -81,12 +81,12 @@ def tile_fragments(block_m: int, block_n: int, dim_v: int, dtype: str, defer_sum
 
 
 def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_softcap: bool, p_offset: float = 0.0,
-                   defer_sum: bool = False, exp_turn=None):
+                   defer_sum: bool = False, turn=None):
     """(update, finish) macros for one tile shape.
 
-    ``exp_turn``: None, or macros ``(take, hand_on)`` of a warpgroup ``wg`` that ``update`` (given
-    ``wg``) runs around the exponentials and row sums, after the row max (the hand-written
-    forward's ``softmax_turns=2``, ``fwd_ws.gemm_turns``).
+    ``turn``: None, or the hand-written forward's pingpong turn (``fwd_ws.gemm_turns``,
+    ``softmax_turns``): macros ``take(wg)`` / ``hand_on(wg)`` that ``update`` (given ``wg``) runs
+    around the whole block (``after_max`` False) or around the exponentials and row sums only.
 
     ``defer_sum``: ``l`` holds each thread's partial sums of its rows (``row_weights``), so a
     block adds its weights without the two shuffles per row that a row's all-reduce costs; one
@@ -116,6 +116,8 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
 
     @T.macro
     def update(s, m, m_prev, m_safe, alpha, row_sum, l, n0, m0, last_row, mask, score_scale, cap_in, rows=None, wg=None):
+        if turn is not None and not turn.after_max:
+            turn.take(wg)
         if has_softcap:
             for i, j in T.Parallel(block_m, block_n):
                 s[i, j] = T.tanh(s[i, j] * cap_in)
@@ -129,8 +131,8 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
             alpha[i] = rescale_factor(m_prev[i], m[i], m_safe[i], score_scale)
             if shifted:  # once per row, so each weight below stays one FFMA (finish recomputes m_safe)
                 m_safe[i] = m_safe[i] - p_offset
-        if exp_turn is not None:
-            exp_turn[0](wg)
+        if turn is not None and turn.after_max:
+            turn.take(wg)
         for i, j in T.Parallel(block_m, block_n):
             s[i, j] = T.exp2(s[i, j] * score_scale - m_safe[i])
         if defer_sum:
@@ -144,8 +146,8 @@ def online_softmax(block_m: int, block_n: int, dim_v: int, has_sinks: bool, has_
             T.reduce_sum(s, row_sum, dim=1)
             for i in T.Parallel(block_m):
                 l[i] = l[i] * alpha[i] + row_sum[i]
-        if exp_turn is not None:
-            exp_turn[1](wg)
+        if turn is not None:
+            turn.hand_on(wg)
 
     @T.macro
     def finish(o, m, m_safe, alpha, row_sum, l, lse, sink, score_scale, out_scale=None):
