@@ -167,6 +167,20 @@ def _forward_structure(dim, dim_v, dtype, has_sinks, has_softcap, kind, varlen, 
     return cache.structure(configs.builder(cfg), cfg, **static)
 
 
+def forward_launch(q, k, v, has_sinks: bool, softmax_scale: float, window: tuple[int, int], softcap: float,
+                   varlen: bool, out_dtype: torch.dtype, fp8: bool, share_sms: bool) -> tuple:
+    """``launch_forward``'s decisions for prepared q, k, v with keys to attend to: (the compiled
+    kernel, its scalar arguments).  They depend only on shapes, dtypes, the device and the
+    options, so ``flashtile.eager_plans`` keeps them for repeated calls."""
+    d, dv = q.shape[-1], v.shape[-1]
+    short = not varlen and configs.short_forward(d, dv, q.shape[1], k.shape[1], fp8)
+    kernel = forward_kernel(d, dv, dtype_name(q.dtype), has_sinks, softcap > 0, window, varlen,
+                            target.sm_count(q.device), dtype_name(out_dtype), short, share_sms)
+    left, right = host_window(window)
+    scalars = (*_scores(softmax_scale, softcap), left, right, configs.head_group(max(d, dv), configs.mask_kind(window)))
+    return kernel, scalars
+
+
 def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float,
                    packed: Optional[Packed] = None, fp8: Optional[tuple] = None, share_sms: bool = False):
     """(out, lse): dense out (B, Sq, H, Dv), lse (B, H, Sq); packed out (total_q, H, Dv),
@@ -194,9 +208,8 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         return out, lse
     if packed is not None and (packed.batch == 0 or packed.max_q == 0):
         return out, lse
-    short = packed is None and configs.short_forward(d, dv, q.shape[1], sk, fp8 is not None)
-    kernel = forward_kernel(d, dv, dtype_name(q.dtype), sinks is not None, softcap > 0, window, packed is not None,
-                            target.sm_count(q.device), dtype_name(out_dtype), short, share_sms)
+    kernel, scalars = forward_launch(q, k, v, sinks is not None, softmax_scale, window, softcap, packed is not None,
+                                     out_dtype, fp8 is not None, share_sms)
     sinks32 = sinks.float().contiguous() if sinks is not None else placeholder((h,), q.device)
     if fp8 is not None:  # V^T for the FP8 P V GEMM; the descales ride after the sinks
         from .transpose_v import launch_transpose_v  # imported with the first FP8 call (its builder's jit decorator)
@@ -204,8 +217,6 @@ def launch_forward(q, k, v, sinks, softmax_scale: float, window: tuple[int, int]
         v = launch_transpose_v(v, packed)
         v = v if packed is None else v[0]  # packed tensors take their leading 1 at the launch
         sinks32 = operands.params(sinks32, *fp8[:3])
-    left, right = host_window(window)
-    scalars = (*_scores(softmax_scale, softcap), left, right, configs.head_group(max(d, dv), configs.mask_kind(window)))
     if packed is None:
         kernel(q, k, v, out, lse, sinks32, *scalars)
     else:
