@@ -176,7 +176,9 @@ def rows():
         ("fwd: launch.launch_forward", lambda: launch.launch_forward(q, k, v, None, scale, (-1, -1), 0.0)),
         ("fwd: kernels.forward (+checks, _prepare)", lambda: K.forward(q, k, v, None, scale, (-1, -1), 0.0)),
         ("fwd: ops.attention", lambda: ops.attention(q, k, v, None, scale, -1, -1, 0.0, False)),
-        ("fwd: flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),
+        ("fwd: flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),  # a recorded plan (eager_plans)
+        # the same call through the general path: a window given as a list is never planned
+        ("fwd: flash_attn_func, no grad, general path", lambda: flashtile.flash_attn_func(q, k, v, window_size=[-1, -1])),
         ("fwd: flash_attn_func, requires_grad", lambda: flashtile.flash_attn_func(qg, kg, vg)),
         ("fwd+bwd: floor, empty autograd.Function + grad", floor_fwd_bwd),
         ("fwd+bwd: kernels.backward", lambda: K.backward(dout, None, q, k, v, out, lse, None, scale, (-1, -1), 0.0, False)),

@@ -176,7 +176,9 @@ def main():
         *([("kernel.adapter.func(*args) (TileLang adapter)", lambda: adapter.func(*args_))] if adapter is not None else []),
         ("launch_forward", lambda: fwd.launch_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
         ("kernels.forward (+checks, _prepare)", lambda: kernels_forward(q, k, v, None, 0.125, (-1, -1), 0.0)),
-        ("flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),
+        ("flash_attn_func, no grad", lambda: flashtile.flash_attn_func(q, k, v)),  # a recorded plan (eager_plans)
+        # the same call through the general path: a window given as a list is never planned
+        ("flash_attn_func, no grad, general path", lambda: flashtile.flash_attn_func(q, k, v, window_size=[-1, -1])),
         ("flash_attn_func, requires_grad", lambda: flashtile.flash_attn_func(qg, kg, vg)),
         ("flash_attn_func + backward (autograd.grad)", lambda: torch.autograd.grad(flashtile.flash_attn_func(qg, kg, vg), (qg, kg, vg), dout)),
         ("kernels.backward (launchers only)", lambda: kernels_backward(dout, None, q, k, v, out_fwd, lse_fwd, None, 0.125, (-1, -1), 0.0, False)),

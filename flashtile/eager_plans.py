@@ -117,7 +117,7 @@ def record_forward(key, q, k, v, sinks, softmax_scale: float, window: tuple[int,
     launch = kernels._launch()
     # Not while capturing a CUDA graph either: the placeholder the plan keeps must not come
     # from the graph's memory pool (``launch.constant``).
-    if kernels.configs.overrides or torch.cuda.is_current_stream_capturing():
+    if kernels.configs.overrides or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     b, sq, h, d = q.shape
     sk, dv = k.shape[1], v.shape[-1]
