@@ -176,15 +176,16 @@ def test_short_forwards_take_their_own_tiles(d, dv, sq, sk, short):
 
 @pytest.mark.parametrize("d,dv,sq,sk,short", [
     (128, 128, 4096, 4096, False), (128, 128, 16384, 4096, False), (128, 128, 4095, 16384, True),
-    (128, 128, 16384, 1, True), (128, 128, 1, 1, True), (96, 96, 16384, 16384, False), (64, 64, 512, 512, False),
-    (64, 32, 512, 512, False), (256, 256, 512, 512, False),
+    (128, 128, 16384, 1, True), (128, 128, 1, 1, True), (96, 96, 16384, 16384, False), (64, 64, 512, 512, True),
+    (64, 64, 1024, 1024, True), (64, 64, 1, 1, True), (64, 64, 1025, 1024, False), (64, 64, 1024, 16384, False),
+    (64, 64, 16384, 3, False), (64, 32, 512, 512, False), (256, 256, 512, 512, False),
 ])
 def test_fp8_forwards_take_the_long_row_only_when_both_lengths_are_long(d, dv, sq, sk, short):
     """``configs.short_forward(..., fp8=True)``: the FP8 d = 128 forward runs one 192 x 96 tile per
     CTA on three consumer warpgroups when both lengths are at least 4096, the persistent pairs of
-    128 x 128 tiles otherwise; packed batches and other head dims keep their one kernel, and
-    precompile builds both d = 128 rows.  d = 64's short row (the same pairs) is built by
-    ``fp8_fwd_config`` but not selected until its GPU tests have run (``FP8_SHORT_SEQLEN``)."""
+    128 x 128 tiles otherwise; d = 64 runs the same pairs when both lengths are at most 1024, one
+    192 x 128 tile per CTA otherwise; packed batches and other head dims keep their one kernel,
+    and precompile builds both rows of d = 128 and d = 64."""
     from flashtile.kernels import precompile
 
     fp8 = "float8_e4m3fn"
@@ -200,7 +201,7 @@ def test_fp8_forwards_take_the_long_row_only_when_both_lengths_are_long(d, dv, s
         assert short_64 == short_cfg, short_64
         assert configs.fwd_config(64, 64, fp8, kind, varlen=True) == long_64
     built = [kw.get("short", False) for p, kw in precompile.structures([(d, dv)], ["bfloat16"], ["plain"], ["fwd8", "vfwd8"])]
-    assert built == ([False, True, False] if (d, dv) == (128, 128) else [False, False]), built
+    assert built == ([False, True, False] if (d, dv) in ((128, 128), (64, 64)) else [False, False]), built
 
 
 def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):

@@ -187,10 +187,10 @@ def mask_kind(window: tuple[int, int]) -> str:
 # Dense forwards whose query and key lengths are both at most this (per head dim) take
 # ``short_forward``'s tiles.
 SHORT_SEQLEN = {64: 1024, 256: 512}
-# FP8 forwards with either length at most this (per head dim) take the short row.  d = 64's
-# pairs (``fp8_fwd_config``) measured faster up to 1k but their GPU tests have not run yet, so
-# ``64: 1024`` is not in the table (NOTES, thirty-eighth session).
-FP8_SHORT_SEQLEN = {128: 4095}
+# FP8 forwards take the short row when either length (head dims in ``FP8_SHORT_EITHER``) or
+# both lengths (the others: d = 64's pairs were timed on square shapes only) are at most this.
+FP8_SHORT_SEQLEN = {128: 4095, 64: 1024}
+FP8_SHORT_EITHER = frozenset({128})
 
 
 def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> bool:
@@ -224,14 +224,18 @@ def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool 
     lengths: the 192-row tiles lose where a tile's key loop is short (the pairs overlap a
     tile's end with the next tile's start) and where the last tile of a row is mostly empty.
 
-    FP8 d = 64 (not on yet: ``FP8_SHORT_SEQLEN``): the same 128 x 128 pairs (with
-    ``producer_regs``) up to 1024, one 192 x 128 tile per CTA beyond.  H100 (``h100-2026-12-07c/t``: ``tune.py fwd --fp8 --headdim 64``, 16k
-    tokens x 32 heads, ms, two interleaved rounds, 192 x 128 / pairs): 1k full 0.412-0.416 /
-    0.398-0.408, causal 0.340-0.341 / 0.299-0.300; 4k full 1.048-1.049 / 1.189-1.191, causal
-    0.631-0.641 / 0.703-0.706; 16k 12-21% slower.  The bound is the measured 1k (2k not timed)."""
-    bound = (FP8_SHORT_SEQLEN if fp8 else SHORT_SEQLEN).get(dim, 0) if dim == dim_v else 0
-    if fp8:  # either length short
-        return bound > 0 and min(seqlen_q, seqlen_k) <= bound
+    FP8 d = 64: the same 128 x 128 pairs (with ``producer_regs``) when both lengths are at most
+    1024, one 192 x 128 tile per CTA otherwise.  H100 (``tune.py fwd --fp8 --headdim 64``, 16k
+    tokens x 32 heads, ms, 192 x 128 / pairs, two interleaved rounds in each of two sessions;
+    ``h100-2026-12-07c/t`` and ``h100-2026-12-07e/w``, the second with the FP8 GPU tests passing
+    under both rows): 1k full 0.407-0.416 / 0.396-0.408, causal 0.339-0.341 / 0.298-0.300; 2k
+    full 0.605-0.617 / 0.659-0.660, causal 0.428 / 0.432; 4k full 1.048-1.049 / 1.189-1.191,
+    causal 0.631-0.641 / 0.703-0.706; 16k 12-21% slower: hence 1024."""
+    if fp8:
+        bound = FP8_SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
+        longest = min(seqlen_q, seqlen_k) if dim in FP8_SHORT_EITHER else max(seqlen_q, seqlen_k)
+        return longest <= bound
+    bound = SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
     return seqlen_q <= bound and seqlen_k <= bound
 
 
