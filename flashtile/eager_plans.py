@@ -66,7 +66,10 @@ def forward_key(q, k, v, sinks, dropout_p, softmax_scale, causal, window_size, s
     """The plan key of a ``flash_attn_func`` call, or None outside the domain (module docstring).
     The caller has checked that ALiBi and the FP8 options are None."""
     # Plain tensors (or sinks None), nothing tracing, and nothing for autograd to record: per
-    # call, since grad mode and requires_grad are not in the key.
+    # call, since grad mode and requires_grad are not in the key.  A training call (q requires
+    # grad) leaves at the first test, so the key costs it a few tenths of a microsecond.
+    if torch.is_grad_enabled() and getattr(q, "requires_grad", False):
+        return None
     if not ops._plain_eager(q, k, v, sinks) or ops._needs_grad(q, k, v, sinks):
         return None
     if not (type(causal) is bool and type(deterministic) is bool and type(return_attn_probs) is bool
