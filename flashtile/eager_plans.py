@@ -38,7 +38,6 @@ from .lazy import lazy_module
 
 _kernels = lazy_module("flashtile.kernels")  # imported once a CUDA call has run the general path
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _REAL = (float, int)  # exact types: bool is neither
 
 # key -> ForwardPlan, or NO_PLAN for a key that the general path always takes (its shapes or

@@ -196,7 +196,7 @@ FP8_SHORT_EITHER = frozenset({128})
 def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> bool:
     """Whether a dense forward takes the short-sequence row of ``fwd_config`` (a runtime choice
     between two compiled kernels): d = 64 or d = 256 with both lengths <= ``SHORT_SEQLEN[d]``;
-    FP8 (``fp8``) d = 128 with either length <= ``FP8_SHORT_SEQLEN[d]``.
+    FP8 (``fp8``) d = 128 with either length and d = 64 with both lengths <= ``FP8_SHORT_SEQLEN[d]``.
 
     d = 64: such tiles see at most 8 key blocks, too few to amortise a one-tile CTA's launch, Q
     load and epilogue (29% of the warp samples at 1k causal: NOTES, eleventh session), so they
@@ -233,8 +233,8 @@ def short_forward(dim: int, dim_v: int, seqlen_q: int, seqlen_k: int, fp8: bool 
     causal 0.631-0.641 / 0.703-0.706; 16k 12-21% slower: hence 1024."""
     if fp8:
         bound = FP8_SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
-        longest = min(seqlen_q, seqlen_k) if dim in FP8_SHORT_EITHER else max(seqlen_q, seqlen_k)
-        return longest <= bound
+        length = min(seqlen_q, seqlen_k) if dim in FP8_SHORT_EITHER else max(seqlen_q, seqlen_k)
+        return bound > 0 and length <= bound
     bound = SHORT_SEQLEN.get(dim, 0) if dim == dim_v else 0
     return seqlen_q <= bound and seqlen_k <= bound
 
