@@ -5,9 +5,10 @@ every step.  The general path works everything out again on each call: the valid
 layer's routing, the kernels' coverage checks and preparation, the launcher's tile choice and
 scalars (about thirty Python calls, 15 of the 21 us this machine's CPU spends on a no-grad call:
 ``benchmarks/host_overhead_cpu.py``).  None of it reads tensor contents: it depends on shapes,
-dtypes, devices and the options.  So the first call that the general path completes records a
-*plan* under exactly those (``forward_key``), and later calls with the same key run the plan:
-two allocations and the kernel's executable.
+dtypes, devices and the options.  So the general path records a *plan* under exactly those
+(``forward_key``) when it completes a key's second call (a key's first call only marks it
+``SEEN``: shapes that never repeat pay no recording), and later calls with the same key run the
+plan: two allocations and the kernel's executable.
 
 Domain (any other call takes the general path, unchanged):
 
@@ -40,9 +41,13 @@ _kernels = lazy_module("flashtile.kernels")  # imported once a CUDA call has run
 
 _REAL = (float, int)  # exact types: bool is neither
 
-# key -> ForwardPlan, or NO_PLAN for a key that the general path always takes (its shapes or
-# dtypes are outside the domain).  Cleared when full: a model has a handful of keys.
+# key -> ForwardPlan; SEEN for a key met once (a plan is recorded on its second call, so calls
+# whose shapes never repeat, e.g. a key length growing by one each decode step, pay only the key
+# and this entry: recording on the first call cost them ~9 us each on the CPU machine); or
+# NO_PLAN for a key that the general path always takes (shapes or dtypes outside the domain).
+# Cleared when full: a model has a handful of keys.
 PLANS: dict = {}
+SEEN = ()
 NO_PLAN = False
 MAX_PLANS = 1024
 
@@ -110,10 +115,16 @@ def run_forward(plan: ForwardPlan, q, k, v, sinks):
 
 
 def record_forward(key, q, k, v, sinks, softmax_scale: float, window: tuple[int, int], softcap: float) -> None:
-    """After the general path ran ``key``'s call: keep its plan, or NO_PLAN when the key is
-    outside the domain for good.  Nothing is kept while an override is set or a CUDA graph is
-    being captured: a later call of that key may be planned."""
+    """After the general path ran ``key``'s call (``PLANS`` has nothing or SEEN for it): mark the
+    key SEEN the first time; the second time keep its plan, or NO_PLAN when the key is outside
+    the domain for good.  Nothing is kept while an override is set or a CUDA graph is being
+    captured: a later call of that key may be planned."""
     if not planned_device(q):
+        return
+    if PLANS.get(key) is not SEEN:
+        if len(PLANS) >= MAX_PLANS:
+            PLANS.clear()
+        PLANS[key] = SEEN
         return
     kernels = _kernels()
     launch = kernels._launch()
@@ -131,6 +142,4 @@ def record_forward(key, q, k, v, sinks, softmax_scale: float, window: tuple[int,
                                                 q.dtype, False, False)
         plan = ForwardPlan(getattr(kernel, "torch_function", kernel),  # a loaded kernel's executable, one frame less
                            scalars, (b, sq, h, dv), (b, h, sq), q.dtype, q.device, launch.placeholder((h,), q.device))
-    if len(PLANS) >= MAX_PLANS:
-        PLANS.clear()
     PLANS[key] = plan

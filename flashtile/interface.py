@@ -215,7 +215,7 @@ def flash_attn_func(
             q, k, v, sinks, float(softmax_scale), left, right, float(softcap), bool(deterministic),
             *fp8_options(q, q_descale, k_descale, v_descale, out_dtype),
         )
-        if key is not None and plan is None:
+        if key is not None and (plan is None or plan is eager_plans.SEEN):
             eager_plans.record_forward(key, q, k, v, sinks, float(softmax_scale), (left, right), float(softcap))
     out, lse = result
     if return_attn_probs:

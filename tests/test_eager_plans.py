@@ -1,5 +1,6 @@
 """``flashtile.eager_plans``: repeated eager inference calls of ``flash_attn_func`` run a recorded
-plan, and give what the general path gives; every other call takes the general path.
+plan (recorded on a key's second call), and give what the general path gives; every other call
+takes the general path.
 
 Plans are recorded for CUDA tensors only.  Here they are recorded for CPU tensors
 (``planned_device`` answers True) with a Python kernel in place of the compiled one
@@ -75,19 +76,29 @@ OPTIONS = [
 ]
 
 
+def _record(q, k, v, **options):
+    """A key's first two calls: the general path, the second recording the plan."""
+    for _ in range(2):
+        out = flashtile.flash_attn_func(q, k, v, **options)
+    return out
+
+
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "defaults")
-def test_the_second_call_runs_the_plan_and_matches(planned, options):
+def test_the_third_call_runs_the_plan_and_matches(planned, options):
     q, k, v = _qkv()
     if options.get("sinks") == "sinks":
         options = dict(options, sinks=torch.randn(q.shape[2]))
     first = flashtile.flash_attn_func(q, k, v, **options)
-    assert planned == {"kernel": 0, "general": 1}, f"first call: {planned}"
+    assert list(eager_plans.PLANS.values()) == [eager_plans.SEEN], "a key's first call should only mark it"
+    flashtile.flash_attn_func(q, k, v, **options)
+    assert planned == {"kernel": 0, "general": 2}, f"first two calls: {planned}"
+    assert isinstance(next(iter(eager_plans.PLANS.values())), eager_plans.ForwardPlan), "the second call records"
     q2, k2, v2 = _qkv(seed=1)  # fresh inputs with the same key
     got = flashtile.flash_attn_func(q2, k2, v2, **options)
-    assert planned == {"kernel": 1, "general": 1}, f"second call should run the plan: {planned}"
+    assert planned == {"kernel": 1, "general": 2}, f"third call should run the plan: {planned}"
     eager_plans.PLANS.clear()
     want = flashtile.flash_attn_func(q2, k2, v2, **options)
-    assert planned["general"] == 2, "a cleared plan should send the call to the general path"
+    assert planned["general"] == 3, "a cleared plan should send the call to the general path"
     for i, (g, w) in enumerate(zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want)))):
         if w is None:
             assert g is None, "return_attn_probs' third value must be None"
@@ -98,7 +109,7 @@ def test_the_second_call_runs_the_plan_and_matches(planned, options):
 
 def test_a_plan_prepares_views_as_the_general_path_does(planned):
     q, k, v = _qkv()
-    flashtile.flash_attn_func(q, k, v, causal=True)
+    _record(q, k, v, causal=True)
     # Same key, three kinds of views: transposed storage (SDPA's layout), a 2-byte offset
     # (misaligned for TMA), and a plain contiguous tensor.
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
@@ -129,10 +140,10 @@ TWINS = [
 @pytest.mark.parametrize("good, twin, error", TWINS, ids=lambda x: str(x))
 def test_validation_still_runs_for_keys_no_call_was_accepted_with(planned, good, twin, error):
     q, k, v = _qkv()
-    flashtile.flash_attn_func(q, k, v, **good)  # records good's plan
+    _record(q, k, v, **good)
     if error is None:
         flashtile.flash_attn_func(q, k, v, **twin)
-        assert planned["kernel"] == 0 and planned["general"] == 2, f"{twin} should take the general path: {planned}"
+        assert planned["kernel"] == 0 and planned["general"] == 3, f"{twin} should take the general path: {planned}"
     else:
         with pytest.raises(error):
             flashtile.flash_attn_func(q, k, v, **twin)
@@ -141,7 +152,7 @@ def test_validation_still_runs_for_keys_no_call_was_accepted_with(planned, good,
 
 def test_calls_autograd_records_take_the_general_path(planned):
     q, k, v = _qkv()
-    flashtile.flash_attn_func(q, k, v)
+    _record(q, k, v)
     q.requires_grad_(True)
     out = flashtile.flash_attn_func(q, k, v)
     assert out.grad_fn is not None and planned["kernel"] == 0, "a call requiring grad ran the plan"
@@ -152,10 +163,10 @@ def test_calls_autograd_records_take_the_general_path(planned):
 
 def test_overrides_send_calls_to_the_general_path(planned, monkeypatch):
     q, k, v = _qkv()
-    flashtile.flash_attn_func(q, k, v)
+    _record(q, k, v)
     monkeypatch.setitem(configs.overrides, "fwd", object())
     flashtile.flash_attn_func(q, k, v)
-    assert planned == {"kernel": 0, "general": 2}, f"an override should bypass the plan: {planned}"
+    assert planned == {"kernel": 0, "general": 3}, f"an override should bypass the plan: {planned}"
 
 
 @pytest.mark.parametrize("shape", [
@@ -180,9 +191,22 @@ def test_float32_keeps_the_general_path(planned):
 
 def test_compile_traces_past_a_recorded_plan(planned):
     q, k, v = _qkv()
-    flashtile.flash_attn_func(q, k, v, causal=True)  # the plan exists
+    _record(q, k, v, causal=True)  # the plan exists
     compiled = torch.compile(lambda q, k, v: flashtile.flash_attn_func(q, k, v, causal=True), fullgraph=True,
                              backend="eager")
     got = compiled(q, k, v)
     assert planned["kernel"] == 0, "a traced call ran the eager plan"
     _equal("out", got, flashtile.flash_attn_func(q, k, v, causal=True))
+
+
+def test_shapes_that_never_repeat_record_no_plan(planned, monkeypatch):
+    """A key length growing by one per call (a decode loop through flash_attn_func): every key
+    is met once, so nothing is recorded (``launch.forward_launch`` never asked)."""
+    asked = []
+    monkeypatch.setattr(launch, "forward_launch", lambda *a: asked.append(a))
+    q = _qkv(sq=1)[0]
+    for sk in range(1, 6):
+        k, v = _qkv(sk=sk)[1:]
+        flashtile.flash_attn_func(q, k, v, causal=True)
+    assert not asked and planned == {"kernel": 0, "general": 5}, f"{len(asked)} recordings, {planned}"
+    assert set(map(id, eager_plans.PLANS.values())) == {id(eager_plans.SEEN)}, "every key should be SEEN only"
