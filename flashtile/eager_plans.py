@@ -25,7 +25,7 @@ Domain (any other call takes the general path, unchanged):
 
 A key is recorded only after the general path accepted its call, so every error the validators
 raise is still raised (a refused call records nothing).  Strides are not in the key: the plan
-makes q, k, v contiguous and 16-byte aligned per call as ``kernels._prepare`` does.
+makes q, k, v contiguous and 16-byte aligned per call with ``kernels._prepare``.
 """
 
 from __future__ import annotations
@@ -94,13 +94,6 @@ def planned_device(q) -> bool:
     return q.is_cuda
 
 
-def _prepared(x: torch.Tensor) -> torch.Tensor:
-    """``kernels._prepare`` for one tensor: contiguous and 16-byte aligned (TMA needs both)."""
-    if x.is_contiguous() and not x.data_ptr() % 16:
-        return x
-    return x.clone(memory_format=torch.contiguous_format)
-
-
 def run_forward(plan: ForwardPlan, q, k, v, sinks):
     """(out, lse) of a call whose key holds ``plan``, or None while an override is set (the
     caller then takes the general path)."""
@@ -110,7 +103,8 @@ def run_forward(plan: ForwardPlan, q, k, v, sinks):
     out = kernels.debug.new_output(plan.out_shape, plan.dtype, plan.device)
     lse = kernels.debug.new_output(plan.lse_shape, torch.float32, plan.device)
     sinks32 = plan.no_sinks if sinks is None else sinks.float().contiguous()
-    plan.kernel(_prepared(q), _prepared(k), _prepared(v), out, lse, sinks32, *plan.scalars)
+    q, k, v = kernels._prepare(q, k, v)  # contiguous and 16-byte aligned, per call as on the general path
+    plan.kernel(q, k, v, out, lse, sinks32, *plan.scalars)
     return out, lse
 
 
