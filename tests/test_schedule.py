@@ -232,6 +232,7 @@ def test_bwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     ``overrides["bwd_flags"]``, which ``bwd_config`` sets on the hand-written rows (d <= 128,
     no softcap) and not on the builder's (d = 256, softcap); forward-only flags are refused."""
     assert configs._env_flags("FLASHTILE_BWD_FLAGS", "producer_regs=1") == {"producer_regs": True}
+    assert configs._env_flags("FLASHTILE_BWD_FLAGS", "diagonal_start=1") == {"diagonal_start": True}
     for bad in ("producer_regs", "pingpong=1", "producer_regs=2"):
         with pytest.raises(ValueError, match="FLASHTILE_BWD_FLAGS"):
             configs._env_flags("FLASHTILE_BWD_FLAGS", bad)
@@ -242,6 +243,27 @@ def test_bwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     for dim, softcap in ((256, False), (128, True)):
         cfg = configs.bwd_config(dim, dim, "bfloat16", "causal", softcap)
         assert not cfg.manual_ws and not cfg.producer_regs, (dim, softcap, cfg)
+
+
+@pytest.mark.parametrize("n_qblocks,groups", [(1, 1), (2, 3), (5, 1), (7, 4), (16, 2)])
+@pytest.mark.parametrize("start", [0, 1, 4, 6, 23])
+def test_dkdv_walk_from_any_start_visits_each_query_block_once_per_head(n_qblocks, groups, start):
+    """``bwd.query_step`` with ``start`` (``BwdConfig.diagonal_start``: a dK/dV tile's walk from its
+    diagonal): every (query head of the group, query block) pair once, heads in order, each head
+    beginning at block ``start mod n`` past the first visible one and wrapping around; ``start``
+    may exceed the block count (a full mask with more keys than queries)."""
+    from flashtile.kernels.bwd import query_step
+
+    hk, qb_lo, block_m = 3, 2, 64
+    steps = [query_step(t, hk, groups, qb_lo, n_qblocks, block_m, start) for t in range(groups * n_qblocks)]
+    pairs = [(h, m0 // block_m - qb_lo) for h, m0 in steps]
+    assert sorted(pairs) == list(itertools.product(range(hk * groups, (hk + 1) * groups), range(n_qblocks))), pairs
+    for g in range(groups):
+        blocks = [blk for h, blk in pairs[g * n_qblocks:(g + 1) * n_qblocks]]
+        expected = [(start + i) % n_qblocks for i in range(n_qblocks)]
+        assert blocks == expected, f"head {g}: blocks {blocks}, expected {expected}"
+    assert [query_step(t, hk, groups, qb_lo, n_qblocks, block_m) for t in range(groups * n_qblocks)] == \
+        [query_step(t, hk, groups, qb_lo, n_qblocks, block_m, 0) for t in range(groups * n_qblocks)]
 
 
 def test_sharing_sms_drops_persistent_schedules_only():

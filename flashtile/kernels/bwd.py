@@ -31,12 +31,15 @@ from .masks import TileMask, block_fully_visible, in_sequence, pipelined_trips, 
 from .target import PASS_CONFIGS, SELF_GUARDED_PASS_CONFIGS, TARGET
 
 
-def query_step(t, hk, groups, qb_lo, n_qblocks, block_m):
+def query_step(t, hk, groups, qb_lo, n_qblocks, block_m, start=0):
     """Query head and first query row of step ``t`` of a dK/dV CTA's walk: (head, m0).
 
     Heads of the GQA group outer, query blocks inner, one flat loop so the pipeline stays full.
+    ``start``: each head's walk begins that many blocks past ``qb_lo`` and wraps around
+    (``bwd_ws.walk_start``; 0 in order).
     """
-    return hk * groups + t // n_qblocks, (qb_lo + t % n_qblocks) * block_m
+    inner = t if isinstance(start, int) and start == 0 else t + start  # (t + s) % n = (t % n + s) % n
+    return hk * groups + t // n_qblocks, (qb_lo + inner % n_qblocks) * block_m
 
 
 def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bool):

@@ -90,10 +90,15 @@ class BwdConfig:
     # step each step's (query head, first row) in registers instead of re-deriving them, two
     # integer divisions by the tile's block count included, after every barrier wait
     producer_regs: bool = False
+    # hand-written only (not measured yet, NOTES prediction 13): each key tile walks its query
+    # blocks from the one holding its own first key row, wrapping around, so under a full mask
+    # the CTAs of one head reduce-add into different dQ rows at a time (``bwd_ws.walk_start``)
+    diagonal_start: bool = False
 
     def as_kwargs(self) -> dict:
-        skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent", "producer_regs")
-        return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs"))
+        skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent", "producer_regs",
+                                                                "diagonal_start")
+        return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs", "diagonal_start"))
 
     @property
     def builder(self) -> str:
@@ -138,7 +143,7 @@ ENV_FLAGS = {
     "FLASHTILE_FWD_FLAGS": ("fwd_flags", {"pingpong", "skip_rescale", "defer_sum", "producer_regs"},
                             {"tiles_per_cta": ("0", "1", "2"),  # 0 persistent, 1 one tile a CTA, 2 a pair
                              "softmax_turns": ("0", "1", "2")}),  # 1 the softmax, 2 its exponentials
-    "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs"}, {}),
+    "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs", "diagonal_start"}, {}),
 }
 
 
