@@ -323,11 +323,11 @@ def test_backward_producer_regs_loads_from_registers(monkeypatch, dim=128):
 
 def test_backward_diagonal_start_rotates_every_role_alike(monkeypatch, dim=128):
     """``BwdConfig.diagonal_start``: the loader's Q / dO / lse / Delta loads, the dQ writer's
-    reduce-adds and the consumers' masks all take step t's query block as (t mod n + start),
-    wrapped, with start the tile's diagonal block past its first visible one, held in a
-    register (``bwd_ws.walk_start``): roles that disagreed would pair one step's dS with another
-    step's dQ rows.  The default build walks in order; with ``producer_regs`` the producers'
-    registers start at the same block (``StepCursor``'s ``m_begin``)."""
+    reduce-adds and the consumers' masks all take step t's query block as (t + start) mod n,
+    with start = the tile's diagonal block past its first visible one (``bwd_ws.walk_start``:
+    ``n0 >> 6`` for 64-row query blocks): roles that disagreed would pair one step's dS with
+    another step's dQ rows.  The default build walks in order; with ``producer_regs`` the
+    producers' registers start at the same block (``StepCursor``'s ``m_begin``)."""
     from dataclasses import replace
 
     from flashtile.kernels.launch import backward_kernels
@@ -343,13 +343,13 @@ def test_backward_diagonal_start_rotates_every_role_alike(monkeypatch, dim=128):
         return (_tma_load_lines(src, "Q") + _tma_load_lines(src, "dO") + _tma_load_lines(src, "LSE2")
                 + _tma_load_lines(src, "Delta") + [line for line in src.splitlines() if "tma_store_add(dQacc_desc" in line])
 
-    start = "walk_start"
-    assert start not in source(default), "the default walk should start at block 0"
+    start = "(n0 >> 6)"
+    assert not any(start in line for line in step_lines(source(default))), "the default walk should start at block 0"
     rotated = source(replace(default, diagonal_start=True))
     lines = step_lines(rotated)
     assert len(lines) >= 5, f"expected the four loads and the dQ reduce-add, found {lines}"
-    assert all(start in line for line in lines), [line.strip()[:160] for line in lines if start not in line]
-    consumer_masks = [line for line in rotated.splitlines() if "threadIdx.x" in line and start in line]
+    assert all(start in line and "%" in line for line in lines), [line.strip()[:160] for line in lines if start not in line]
+    consumer_masks = [line for line in rotated.splitlines() if "threadIdx.x" in line and start in line and "%" in line]
     assert consumer_masks, "the consumers' masks should take the rotated query block too"
     cursor = source(replace(default, diagonal_start=True, producer_regs=True))
     assert "m_begin" in cursor and not any(re.search(r"/|%", line) for line in step_lines(cursor)), \

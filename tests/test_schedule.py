@@ -249,13 +249,12 @@ def test_bwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
 @pytest.mark.parametrize("start", [0, 1, 4, 6, 23])
 def test_dkdv_walk_from_any_start_visits_each_query_block_once_per_head(n_qblocks, groups, start):
     """``bwd.query_step`` with ``start`` (``BwdConfig.diagonal_start``: a dK/dV tile's walk from its
-    diagonal, reduced below the block count by ``bwd_ws.walk_start``): every (query head of the
-    group, query block) pair once, heads in order, each head beginning at block ``start`` past
-    the first visible one and wrapping around."""
+    diagonal): every (query head of the group, query block) pair once, heads in order, each head
+    beginning at block ``start mod n`` past the first visible one and wrapping around; ``start``
+    may exceed the block count (a full mask with more keys than queries)."""
     from flashtile.kernels.bwd import query_step
 
     hk, qb_lo, block_m = 3, 2, 64
-    start %= n_qblocks  # walk_start's reduction (a diagonal past the block count: more keys than queries)
     steps = [query_step(t, hk, groups, qb_lo, n_qblocks, block_m, start) for t in range(groups * n_qblocks)]
     pairs = [(h, m0 // block_m - qb_lo) for h, m0 in steps]
     assert sorted(pairs) == list(itertools.product(range(hk * groups, (hk + 1) * groups), range(n_qblocks))), pairs

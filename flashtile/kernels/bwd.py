@@ -35,16 +35,11 @@ def query_step(t, hk, groups, qb_lo, n_qblocks, block_m, start=0):
     """Query head and first query row of step ``t`` of a dK/dV CTA's walk: (head, m0).
 
     Heads of the GQA group outer, query blocks inner, one flat loop so the pipeline stays full.
-    ``start`` (0 <= start < n_qblocks): each head's walk begins that many blocks past ``qb_lo``
-    and wraps around (``bwd_ws.walk_start``; 0 in order).  The wrap is a select, not a second
-    remainder: ``t // n`` and ``t % n`` stay one division.
+    ``start``: each head's walk begins that many blocks past ``qb_lo`` and wraps around
+    (``bwd_ws.walk_start``; 0 in order).
     """
-    block = t % n_qblocks
-    if not (isinstance(start, int) and start == 0):
-        block = block + start
-        block = (block - n_qblocks if block >= n_qblocks else block) if isinstance(block, int) else \
-            T.Select(block >= n_qblocks, block - n_qblocks, block)
-    return hk * groups + t // n_qblocks, (qb_lo + block) * block_m
+    inner = t if isinstance(start, int) and start == 0 else t + start  # (t + s) % n = (t % n + s) % n
+    return hk * groups + t // n_qblocks, (qb_lo + inner % n_qblocks) * block_m
 
 
 def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bool):

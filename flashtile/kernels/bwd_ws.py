@@ -107,25 +107,21 @@ def flip(parity, phase):
     return parity if isinstance(phase, int) and phase == 0 else parity ^ phase
 
 
-def walk_start(n0, qb_lo, n_qblocks, block_m):
+def walk_start(n0, qb_lo, block_m):
     """Where a key tile starting at key row ``n0`` begins each head's walk, in query blocks past
     its first visible one ``qb_lo`` (``BwdConfig.diagonal_start``): at the block holding query
     row ``n0``, its diagonal, when that lies past ``qb_lo`` (0 otherwise: a causal tile's walk
-    already begins at its diagonal), modulo the tile's ``n_qblocks`` (more keys than queries).
-    Under a full mask every tile's walk would otherwise begin at query block 0, so all CTAs of
-    a head reduce-add into the same dQ rows at the same time; from their diagonals they spread
-    over the head's rows as under a causal mask.  Any start is correct (a walk visits the same
-    blocks in another order; each step's mask is its own).  Held in a register, computed once
-    per tile: as an expression each step would re-derive its remainder (the d = 64 persistent
-    kernel's SASS grew 3592 -> 4432 instructions and its spills 44 -> 64 bytes that way)."""
-    regs = named(walk_start=T.alloc_var(T.int32, init=T.max(n0 // block_m - qb_lo, 0) % T.max(n_qblocks, 1)))
-    return regs.walk_start[0]
+    already begins at its diagonal).  Under a full mask every tile's walk would otherwise begin
+    at query block 0, so all CTAs of a head reduce-add into the same dQ rows at the same time;
+    from their diagonals they spread over the head's rows as under a causal mask.  Any start is
+    correct (a walk visits the same blocks in another order; each step's mask is its own)."""
+    return T.max(n0 // block_m - qb_lo, 0)
 
 
 class KeyTileWalk:
     """The steps of one dK/dV tile: every (query head of kv head ``hk``'s GQA group, query
     block) pair that can see it, heads outer (``bwd.query_step``); ``start``: each head's
-    first block past ``qb_lo`` (``walk_start``, below ``n_qblocks``; 0 in order)."""
+    first block past ``qb_lo`` (``walk_start``; 0 in order)."""
 
     def __init__(self, hk, groups, qb_lo, n_qblocks, block_m, start=0):
         self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m = hk, groups, qb_lo, n_qblocks, block_m
@@ -150,8 +146,9 @@ class StepCursor:
     def __init__(self, walk: KeyTileWalk):
         first = walk.qb_lo * walk.block_m
         self.rotated = not (isinstance(walk.start, int) and walk.start == 0)
-        # A rotated walk's first row, where each head's walk ends after wrapping around.
-        begin = first + walk.start * walk.block_m if self.rotated else first
+        # A rotated walk's first row (its start taken modulo the block count, once per tile),
+        # where each head's walk ends after wrapping around.
+        begin = first + walk.start % T.max(walk.n_qblocks, 1) * walk.block_m if self.rotated else first
         regs = named(n_steps=T.alloc_var(T.int32, init=walk.n_steps), m_first=T.alloc_var(T.int32, init=first),
                      m_end=T.alloc_var(T.int32, init=first + walk.n_qblocks * walk.block_m),
                      h=T.alloc_var(T.int32, init=walk.hk * walk.groups), m0=T.alloc_var(T.int32, init=begin),
@@ -221,7 +218,7 @@ def attention_bwd_dkdv_ws(
 
     def tile_walk(hk, groups, n0, qb_lo, n_qblocks):
         """The ``KeyTileWalk`` of the key tile starting at key row ``n0``."""
-        start = walk_start(n0, qb_lo, n_qblocks, block_m) if diagonal_start and with_dq else 0
+        start = walk_start(n0, qb_lo, block_m) if diagonal_start and with_dq else 0
         return KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m, start)
 
     @T.macro
