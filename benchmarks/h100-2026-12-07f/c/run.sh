@@ -17,7 +17,7 @@ for spec in "128 128,64,2,256,1,1,0,0" "64 128,64,2,256,1,1,1,1"; do
     --configs $2 $2,0,0,1 > "$OUTDIR/tune_bwd$1.txt" 2>&1
   echo "tune bwd d$1 rc=$?" | tee -a "$S"; grep -E "^TUNE|^CHECK|^PASS|^FAIL|rror" "$OUTDIR/tune_bwd$1.txt" | cut -c1-160 | tee -a "$S"
 done
-timeout ${GQA_S:-40} python3 benchmarks/h100-2026-12-07f/c/gqa_check.py 2>&1 | grep -E "^PASS|^FAIL|rror" | cut -c1-150 | tee -a "$S"
+timeout ${GQA_S:-40} python3 benchmarks/bwd_flag_check.py diagonal_start 2>&1 | grep -E "^PASS|^FAIL|rror" | cut -c1-150 | tee -a "$S"
 [ "${BWD_TESTS_S:-200}" -gt 1 ] && FLASHTILE_BWD_FLAGS=diagonal_start=1 timeout ${BWD_TESTS_S:-200} python3 -m pytest -q -m gpu -p no:cacheprovider \
   tests/test_gpu_kernels.py tests/test_gpu_varlen.py > "$OUTDIR/bwd_flag_tests.log" 2>&1
 echo "GPU tests, FLASHTILE_BWD_FLAGS=diagonal_start=1: rc=$? $(tail -n 1 "$OUTDIR/bwd_flag_tests.log")" | tee -a "$S"

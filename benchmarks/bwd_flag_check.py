@@ -1,0 +1,31 @@
+"""A backward candidate flag on GQA and masked shapes (developer tool, run on the device).
+
+    python3 benchmarks/bwd_flag_check.py diagonal_start [producer_regs ...]
+
+``tune.py --check`` runs MHA only, where a dK/dV walk never moves to a group's next head: this
+sets the named ``BwdConfig`` flags on the d = 64 and d = 128 backward rows and checks 8 query
+heads over 2 kv heads, Sq != Sk both ways (more keys than queries puts a full-mask tile's
+diagonal past the block count), causal and a window, against the float32 reference
+(``quick.check``: PASS / FAIL per case).  Prediction 13's call (``h100-2026-12-07f/c``) runs it
+with ``diagonal_start``.
+"""
+
+import os
+import sys
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
+from quick import check  # noqa: E402
+
+from flashtile.kernels import configs  # noqa: E402
+
+flags = {name: True for name in sys.argv[1:]}
+if not flags:
+    sys.exit("name at least one BwdConfig flag, e.g. diagonal_start")
+for d in (64, 128):
+    configs.overrides["bwd"] = replace(configs.bwd_config(d, d, torch.bfloat16, "full"), **flags)
+    for causal, window, sq, sk in ((False, (-1, -1), 317, 451), (False, (-1, -1), 451, 1317), (True, (-1, -1), 451, 317),
+                                   (True, (-1, -1), 300, 700), (False, (96, 0), 300, 300)):
+        check(2, sq, sk, 8, 2, d, d, torch.bfloat16, causal=causal, window=window)
