@@ -324,7 +324,7 @@ def test_backward_producer_regs_loads_from_registers(monkeypatch, dim=128):
 def test_backward_diagonal_start_rotates_every_role_alike(monkeypatch, dim=128):
     """``BwdConfig.diagonal_start``: the loader's Q / dO / lse / Delta loads, the dQ writer's
     reduce-adds and the consumers' masks all take step t's query block as (t + start) mod n,
-    with start = the tile's diagonal block past its first visible one (``bwd_ws.walk_start``:
+    with start = the tile's diagonal block past its first visible one (``bwd.walk_start``:
     ``n0 >> 6`` for 64-row query blocks): roles that disagreed would pair one step's dS with
     another step's dQ rows.  The default build walks in order; with ``producer_regs`` the
     producers' registers start at the same block (``StepCursor``'s ``m_begin``)."""
@@ -354,6 +354,38 @@ def test_backward_diagonal_start_rotates_every_role_alike(monkeypatch, dim=128):
     cursor = source(replace(default, diagonal_start=True, producer_regs=True))
     assert "m_begin" in cursor and not any(re.search(r"/|%", line) for line in step_lines(cursor)), \
         "with producer_regs the producers should step registers that start at the diagonal"
+
+
+def test_builder_backward_diagonal_start_rotates_loads_masks_and_dq(monkeypatch, dim=256):
+    """The builder's dK/dV kernel (d = 256's row) takes ``diagonal_start`` too: its Q / dO / lse /
+    Delta loads, its mask and its dQ reduce-add all index step t's query block as
+    (start + t) mod n (``bwd.query_step``), and the default build keeps the in-order walk (the flag
+    is left out of its structure).  The developer switch reaches the builder's rows
+    (``configs.BUILDER_BWD_FLAGS``) but not their hand-written-only flags."""
+    from dataclasses import replace
+
+    from flashtile.kernels.launch import backward_kernels
+
+    default = configs.bwd_config(dim, dim, torch.bfloat16, "full")
+    assert not default.manual_ws and "diagonal_start" not in default.as_kwargs(), default
+    monkeypatch.setitem(configs.overrides, "bwd_flags", {"diagonal_start": True, "producer_regs": True})
+    flagged = configs.bwd_config(dim, dim, torch.bfloat16, "full")
+    assert flagged == replace(default, diagonal_start=True), flagged
+    monkeypatch.delitem(configs.overrides, "bwd_flags")
+
+    def step_lines(cfg):
+        monkeypatch.setitem(configs.overrides, "bwd", cfg)
+        src = backward_kernels(dim, dim, "bfloat16", False, False, False)[1].get_kernel_source()
+        lines = [line for name in ("Q", "dO", "LSE2", "Delta") for line in _tma_load_lines(src, name)]
+        return lines + [line for line in src.splitlines() if "tma_store_add(dQacc_desc" in line or line.lstrip().startswith("if (")
+                        and re.search(r"\bt(_\d+)? %|\+ t(_\d+)?\) %", line)]
+
+    rotated = re.compile(r"\+ t(_\d+)?\) %")
+    in_order = step_lines(default)
+    assert len(in_order) >= 6 and not any(rotated.search(line) for line in in_order), "the default walk should start at block 0"
+    lines = step_lines(flagged)
+    assert len(lines) == len(in_order), (len(lines), len(in_order))
+    assert all(rotated.search(line) for line in lines), [line.strip()[:160] for line in lines if not rotated.search(line)]
 
 
 @pytest.mark.parametrize("dim,short", [(64, True), (256, False)], ids=["d64-pairs", "d256-one-tile"])

@@ -227,22 +227,26 @@ def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     assert not configs.fwd_config(128, 128, "bfloat16", "full").skip_rescale  # an explicit config wins
 
 
-def test_bwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
+def test_bwd_flags_switch_sets_each_flag_on_the_rows_that_take_it(monkeypatch):
     """``FLASHTILE_BWD_FLAGS`` (the backward's developer switch) parses to
     ``overrides["bwd_flags"]``, which ``bwd_config`` sets on the hand-written rows (d <= 128,
-    no softcap) and not on the builder's (d = 256, softcap); forward-only flags are refused."""
+    no softcap); the builder's rows (d = 256, softcap) take only ``configs.BUILDER_BWD_FLAGS``
+    (the walk's start), not the hand-written-only flags; forward-only flags are refused."""
     assert configs._env_flags("FLASHTILE_BWD_FLAGS", "producer_regs=1") == {"producer_regs": True}
     assert configs._env_flags("FLASHTILE_BWD_FLAGS", "diagonal_start=1") == {"diagonal_start": True}
     for bad in ("producer_regs", "pingpong=1", "producer_regs=2"):
         with pytest.raises(ValueError, match="FLASHTILE_BWD_FLAGS"):
             configs._env_flags("FLASHTILE_BWD_FLAGS", bad)
-    monkeypatch.setitem(configs.overrides, "bwd_flags", {"producer_regs": True})
+    monkeypatch.setitem(configs.overrides, "bwd_flags", {"producer_regs": True, "diagonal_start": True})
     for dim, varlen in ((64, False), (128, False), (128, True)):
         cfg = configs.bwd_config(dim, dim, "bfloat16", "causal", False, varlen)
-        assert cfg.manual_ws and cfg.producer_regs, (dim, varlen, cfg)
+        assert cfg.manual_ws and cfg.producer_regs and cfg.diagonal_start, (dim, varlen, cfg)
     for dim, softcap in ((256, False), (128, True)):
         cfg = configs.bwd_config(dim, dim, "bfloat16", "causal", softcap)
-        assert not cfg.manual_ws and not cfg.producer_regs, (dim, softcap, cfg)
+        assert not cfg.manual_ws and not cfg.producer_regs and cfg.diagonal_start, (dim, softcap, cfg)
+        assert cfg.as_kwargs().get("diagonal_start") is True, cfg.as_kwargs()
+    monkeypatch.setitem(configs.overrides, "bwd_flags", {"producer_regs": True})
+    assert configs.bwd_config(256, 256, "bfloat16", "full") == configs._bwd_row(256, 256, False)
 
 
 @pytest.mark.parametrize("n_qblocks,groups", [(1, 1), (2, 3), (5, 1), (7, 4), (16, 2)])

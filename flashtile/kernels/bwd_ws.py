@@ -69,7 +69,7 @@ import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
 from . import seqinfo
-from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients
+from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients, walk_start
 from .masks import TileMask, block_fully_visible, query_block_range, query_tile
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import grouped_tile
@@ -105,17 +105,6 @@ def flip(parity, phase):
     CTA's earlier tiles left (a persistent CTA's register; 0, a Python int, for a CTA of one
     tile: the expression stays as it was)."""
     return parity if isinstance(phase, int) and phase == 0 else parity ^ phase
-
-
-def walk_start(n0, qb_lo, block_m):
-    """Where a key tile starting at key row ``n0`` begins each head's walk, in query blocks past
-    its first visible one ``qb_lo`` (``BwdConfig.diagonal_start``): at the block holding query
-    row ``n0``, its diagonal, when that lies past ``qb_lo`` (0 otherwise: a causal tile's walk
-    already begins at its diagonal).  Under a full mask every tile's walk would otherwise begin
-    at query block 0, so all CTAs of a head reduce-add into the same dQ rows at the same time;
-    from their diagonals they spread over the head's rows as under a causal mask.  Any start is
-    correct (a walk visits the same blocks in another order; each step's mask is its own)."""
-    return T.max(n0 // block_m - qb_lo, 0)
 
 
 class KeyTileWalk:

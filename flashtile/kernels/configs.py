@@ -90,14 +90,13 @@ class BwdConfig:
     # step each step's (query head, first row) in registers instead of re-deriving them, two
     # integer divisions by the tile's block count included, after every barrier wait
     producer_regs: bool = False
-    # hand-written only (not measured yet, NOTES prediction 13): each key tile walks its query
-    # blocks from the one holding its own first key row, wrapping around, so under a full mask
-    # the CTAs of one head reduce-add into different dQ rows at a time (``bwd_ws.walk_start``)
+    # (NOTES prediction 13) each key tile walks its query blocks from the one holding its own
+    # first key row, wrapping around, so under a full mask the CTAs of one head reduce-add into
+    # different dQ rows at a time (``bwd.walk_start``); both kernel families
     diagonal_start: bool = False
 
     def as_kwargs(self) -> dict:
-        skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent", "producer_regs",
-                                                                "diagonal_start")
+        skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent", "producer_regs")
         return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs", "diagonal_start"))
 
     @property
@@ -355,9 +354,14 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
     if "bwd" in overrides:
         return overrides["bwd"]
     config = _bwd_row(dim, dim_v, has_softcap)
-    if overrides.get("bwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
-        return replace(config, **overrides["bwd_flags"])
-    return config
+    flags = overrides.get("bwd_flags")  # the tuning hook's flags over the table's rows
+    if flags and not config.manual_ws:  # the builder's kernels take only the walk's start
+        flags = {name: on for name, on in flags.items() if name in BUILDER_BWD_FLAGS}
+    return replace(config, **flags) if flags else config
+
+
+# ``BwdConfig`` flags that the builder's dK/dV kernel (``bwd.dkdv_kernel``) takes as well.
+BUILDER_BWD_FLAGS = ("diagonal_start",)
 
 
 def _bwd_row(dim: int, dim_v: int, has_softcap: bool) -> BwdConfig:
