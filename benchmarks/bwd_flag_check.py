@@ -3,16 +3,16 @@
     python3 benchmarks/bwd_flag_check.py diagonal_start [producer_regs ...]
 
 ``tune.py --check`` runs MHA only, where a dK/dV walk never moves to a group's next head: this
-sets the named ``BwdConfig`` flags on the d = 64 and d = 128 backward rows and checks 8 query
+sets the named ``BwdConfig`` flags on the d = 64, 128 and 256 backward rows (through the
+developer switch's hook, so the builder's d = 256 row takes only the flags it has) and checks 8 query
 heads over 2 kv heads, Sq != Sk both ways (more keys than queries puts a full-mask tile's
 diagonal past the block count), causal and a window, against the float32 reference
 (``quick.check``: PASS / FAIL per case).  Prediction 13's call (``h100-2026-12-07f/c``) runs it
-with ``diagonal_start``.
+with ``diagonal_start``, the forty-first session's (``h100-2026-12-07g/c``) at d = 256 too.
 """
 
 import os
 import sys
-from dataclasses import replace
 
 import torch
 
@@ -24,8 +24,8 @@ from flashtile.kernels import configs  # noqa: E402
 flags = {name: True for name in sys.argv[1:]}
 if not flags:
     sys.exit("name at least one BwdConfig flag, e.g. diagonal_start")
-for d in (64, 128):
-    configs.overrides["bwd"] = replace(configs.bwd_config(d, d, torch.bfloat16, "full"), **flags)
+configs.overrides["bwd_flags"] = flags
+for d in (64, 128, 256):
     for causal, window, sq, sk in ((False, (-1, -1), 317, 451), (False, (-1, -1), 451, 1317), (True, (-1, -1), 451, 317),
                                    (True, (-1, -1), 300, 700), (False, (96, 0), 300, 300)):
         check(2, sq, sk, 8, 2, d, d, torch.bfloat16, causal=causal, window=window)
