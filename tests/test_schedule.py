@@ -227,47 +227,21 @@ def test_fwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     assert not configs.fwd_config(128, 128, "bfloat16", "full").skip_rescale  # an explicit config wins
 
 
-def test_bwd_flags_switch_sets_each_flag_on_the_rows_that_take_it(monkeypatch):
+def test_bwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
     """``FLASHTILE_BWD_FLAGS`` (the backward's developer switch) parses to
     ``overrides["bwd_flags"]``, which ``bwd_config`` sets on the hand-written rows (d <= 128,
-    no softcap); the builder's rows (d = 256, softcap) take only ``configs.BUILDER_BWD_FLAGS``
-    (the walk's start), not the hand-written-only flags; forward-only flags are refused."""
+    no softcap) and not on the builder's (d = 256, softcap); forward-only flags are refused."""
     assert configs._env_flags("FLASHTILE_BWD_FLAGS", "producer_regs=1") == {"producer_regs": True}
-    assert configs._env_flags("FLASHTILE_BWD_FLAGS", "diagonal_start=1") == {"diagonal_start": True}
     for bad in ("producer_regs", "pingpong=1", "producer_regs=2"):
         with pytest.raises(ValueError, match="FLASHTILE_BWD_FLAGS"):
             configs._env_flags("FLASHTILE_BWD_FLAGS", bad)
-    monkeypatch.setitem(configs.overrides, "bwd_flags", {"producer_regs": True, "diagonal_start": True})
+    monkeypatch.setitem(configs.overrides, "bwd_flags", {"producer_regs": True})
     for dim, varlen in ((64, False), (128, False), (128, True)):
         cfg = configs.bwd_config(dim, dim, "bfloat16", "causal", False, varlen)
-        assert cfg.manual_ws and cfg.producer_regs and cfg.diagonal_start, (dim, varlen, cfg)
+        assert cfg.manual_ws and cfg.producer_regs, (dim, varlen, cfg)
     for dim, softcap in ((256, False), (128, True)):
         cfg = configs.bwd_config(dim, dim, "bfloat16", "causal", softcap)
-        assert not cfg.manual_ws and not cfg.producer_regs and cfg.diagonal_start, (dim, softcap, cfg)
-        assert cfg.as_kwargs().get("diagonal_start") is True, cfg.as_kwargs()
-    monkeypatch.setitem(configs.overrides, "bwd_flags", {"producer_regs": True})
-    assert configs.bwd_config(256, 256, "bfloat16", "full") == configs._bwd_row(256, 256, False)
-
-
-@pytest.mark.parametrize("n_qblocks,groups", [(1, 1), (2, 3), (5, 1), (7, 4), (16, 2)])
-@pytest.mark.parametrize("start", [0, 1, 4, 6, 23])
-def test_dkdv_walk_from_any_start_visits_each_query_block_once_per_head(n_qblocks, groups, start):
-    """``bwd.query_step`` with ``start`` (``BwdConfig.diagonal_start``: a dK/dV tile's walk from its
-    diagonal): every (query head of the group, query block) pair once, heads in order, each head
-    beginning at block ``start mod n`` past the first visible one and wrapping around; ``start``
-    may exceed the block count (a full mask with more keys than queries)."""
-    from flashtile.kernels.bwd import query_step
-
-    hk, qb_lo, block_m = 3, 2, 64
-    steps = [query_step(t, hk, groups, qb_lo, n_qblocks, block_m, start) for t in range(groups * n_qblocks)]
-    pairs = [(h, m0 // block_m - qb_lo) for h, m0 in steps]
-    assert sorted(pairs) == list(itertools.product(range(hk * groups, (hk + 1) * groups), range(n_qblocks))), pairs
-    for g in range(groups):
-        blocks = [blk for h, blk in pairs[g * n_qblocks:(g + 1) * n_qblocks]]
-        expected = [(start + i) % n_qblocks for i in range(n_qblocks)]
-        assert blocks == expected, f"head {g}: blocks {blocks}, expected {expected}"
-    assert [query_step(t, hk, groups, qb_lo, n_qblocks, block_m) for t in range(groups * n_qblocks)] == \
-        [query_step(t, hk, groups, qb_lo, n_qblocks, block_m, 0) for t in range(groups * n_qblocks)]
+        assert not cfg.manual_ws and not cfg.producer_regs, (dim, softcap, cfg)
 
 
 def test_sharing_sms_drops_persistent_schedules_only():

@@ -31,26 +31,12 @@ from .masks import TileMask, block_fully_visible, in_sequence, pipelined_trips, 
 from .target import PASS_CONFIGS, SELF_GUARDED_PASS_CONFIGS, TARGET
 
 
-def query_step(t, hk, groups, qb_lo, n_qblocks, block_m, start=0):
+def query_step(t, hk, groups, qb_lo, n_qblocks, block_m):
     """Query head and first query row of step ``t`` of a dK/dV CTA's walk: (head, m0).
 
     Heads of the GQA group outer, query blocks inner, one flat loop so the pipeline stays full.
-    ``start``: each head's walk begins that many blocks past ``qb_lo`` and wraps around
-    (``walk_start``; 0 in order).
     """
-    inner = t if isinstance(start, int) and start == 0 else t + start  # (t + s) % n = (t % n + s) % n
-    return hk * groups + t // n_qblocks, (qb_lo + inner % n_qblocks) * block_m
-
-
-def walk_start(n0, qb_lo, block_m):
-    """Where a key tile starting at key row ``n0`` begins each head's walk, in query blocks past
-    its first visible one ``qb_lo`` (``BwdConfig.diagonal_start``): at the block holding query
-    row ``n0``, its diagonal, when that lies past ``qb_lo`` (0 otherwise: a causal tile's walk
-    already begins at its diagonal).  Under a full mask every tile's walk would otherwise begin
-    at query block 0, so all CTAs of a head reduce-add into the same dQ rows at the same time;
-    from their diagonals they spread over the head's rows as under a causal mask.  Any start is
-    correct (a walk visits the same blocks in another order; each step's mask is its own)."""
-    return T.max(n0 // block_m - qb_lo, 0)
+    return hk * groups + t // n_qblocks, (qb_lo + t % n_qblocks) * block_m
 
 
 def score_gradients(rows: int, cols: int, queries_on_cols: bool, has_softcap: bool):
@@ -261,12 +247,8 @@ def dkdv_kernel(
     threads: int = 256,
     overlap: bool = False,
     dq_regs: bool = False,
-    diagonal_start: bool = False,
 ):
     """dK, dV (and with ``with_dq`` the fp32 dQ accumulation) for one key block per CTA.
-
-    ``diagonal_start``: each head's walk over the query blocks begins at the tile's diagonal
-    and wraps around (``walk_start``), only with ``with_dq``.
 
     ``dq_regs``: each step's dQ tile is reduce-added into ``dQacc`` straight from the GEMM's
     registers (vector ``red.global.add.f32``), not staged in shared memory for a TMA
@@ -332,9 +314,8 @@ def dkdv_kernel(
 
             # One flat loop over (query head in the GQA group, query block) keeps the pipeline full.
             # A key block no query sees still takes one trip, over query block qb_lo.
-            start = walk_start(n0, qb_lo, block_m) if diagonal_start and with_dq else 0
             for t in T.Pipelined(pipelined_trips(groups * n_qblocks), num_stages=num_stages):
-                h, m0 = query_step(t, hk, groups, qb_lo, pipelined_trips(n_qblocks), block_m, start)
+                h, m0 = query_step(t, hk, groups, qb_lo, pipelined_trips(n_qblocks), block_m)
                 T.copy(seq.q_rows(Q, m0, block_m, h), q_s)
                 T.copy(seq.stat(LSE2, h, m0, block_m), lse_s)
                 if overlap:

@@ -69,7 +69,7 @@ import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
 from . import seqinfo
-from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients, walk_start
+from .bwd import dkdv_prim_func, dq_prim_func, key_tail_tests, query_step, score_gradients
 from .masks import TileMask, block_fully_visible, query_block_range, query_tile
 from .pipeline import CONSUMERS_SYNC, kv_pipeline_barriers, kv_pipeline_producer
 from .schedule import grouped_tile
@@ -109,18 +109,16 @@ def flip(parity, phase):
 
 class KeyTileWalk:
     """The steps of one dK/dV tile: every (query head of kv head ``hk``'s GQA group, query
-    block) pair that can see it, heads outer (``bwd.query_step``); ``start``: each head's
-    first block past ``qb_lo`` (``walk_start``; 0 in order)."""
+    block) pair that can see it, heads outer (``bwd.query_step``)."""
 
-    def __init__(self, hk, groups, qb_lo, n_qblocks, block_m, start=0):
+    def __init__(self, hk, groups, qb_lo, n_qblocks, block_m):
         self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m = hk, groups, qb_lo, n_qblocks, block_m
-        self.start = start
         self.n_steps = groups * n_qblocks
         self.n_pairs = T.ceildiv(self.n_steps, 2)  # two steps per trip: ring stages stay constants
 
     def step(self, t):
         """(query head, first query row) of step ``t``."""
-        return query_step(t, self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m, self.start)
+        return query_step(t, self.hk, self.groups, self.qb_lo, self.n_qblocks, self.block_m)
 
     def advance(self):
         """Nothing: ``step`` derives each step from its index (``StepCursor`` keeps state)."""
@@ -134,14 +132,9 @@ class StepCursor:
 
     def __init__(self, walk: KeyTileWalk):
         first = walk.qb_lo * walk.block_m
-        self.rotated = not (isinstance(walk.start, int) and walk.start == 0)
-        # A rotated walk's first row (its start taken modulo the block count, once per tile),
-        # where each head's walk ends after wrapping around.
-        begin = first + walk.start % T.max(walk.n_qblocks, 1) * walk.block_m if self.rotated else first
         regs = named(n_steps=T.alloc_var(T.int32, init=walk.n_steps), m_first=T.alloc_var(T.int32, init=first),
                      m_end=T.alloc_var(T.int32, init=first + walk.n_qblocks * walk.block_m),
-                     h=T.alloc_var(T.int32, init=walk.hk * walk.groups), m0=T.alloc_var(T.int32, init=begin),
-                     m_begin=T.alloc_var(T.int32, init=begin) if self.rotated else None)
+                     h=T.alloc_var(T.int32, init=walk.hk * walk.groups), m0=T.alloc_var(T.int32, init=first))
         self.block_m, self._regs = walk.block_m, regs
         # Reads (the kernel body's parser loads a register named by a bare name, not an attribute).
         self.n_steps, self.h, self.m0 = regs.n_steps[0], regs.h[0], regs.m0[0]
@@ -152,18 +145,11 @@ class StepCursor:
 
     def advance(self):
         r = self._regs
+        wrap = r.m0[0] + self.block_m == r.m_end[0]
         # Selects, not ``T.if_then_else`` (which TileLang emits as branches: nvcc then duplicated
         # the loads' code per branch, 16 -> 40 TMA issue sites at d = 128).
-        if not self.rotated:
-            wrap = r.m0[0] + self.block_m == r.m_end[0]
-            T.buffer_store(r.h, T.Select(wrap, r.h[0] + 1, r.h[0]), [0])
-            T.buffer_store(r.m0, T.Select(wrap, r.m_first[0], r.m0[0] + self.block_m), [0])
-            return
-        # Rotated: past the last block the walk wraps to the first; back at its first row the
-        # head's walk is done and the group's next head begins there.
-        nxt = T.Select(r.m0[0] + self.block_m == r.m_end[0], r.m_first[0], r.m0[0] + self.block_m)
-        T.buffer_store(r.h, T.Select(nxt == r.m_begin[0], r.h[0] + 1, r.h[0]), [0])
-        T.buffer_store(r.m0, nxt, [0])
+        T.buffer_store(r.h, T.Select(wrap, r.h[0] + 1, r.h[0]), [0])
+        T.buffer_store(r.m0, T.Select(wrap, r.m_first[0], r.m0[0] + self.block_m), [0])
 
 
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
@@ -183,7 +169,6 @@ def attention_bwd_dkdv_ws(
     persistent: bool = False,
     num_sms: int = 132,
     producer_regs: bool = False,
-    diagonal_start: bool = False,
 ):
     """Build the PrimFunc; arguments as ``bwd.attention_bwd_dkdv``.  ``dq_turns``: the two
     consumer warpgroups take turns computing a step's whole dQ tile (see the module docstring).
@@ -191,9 +176,7 @@ def attention_bwd_dkdv_ws(
     next tile from the zeroed counter Ticket.  ``producer_regs``: the loader and dQ writer warps
     keep each step's query head and first row in registers, advanced step by step
     (``StepCursor``), instead of re-deriving them (``KeyTileWalk.step``: a division and a
-    remainder by the tile's query block count) after each barrier wait.  ``diagonal_start``
-    (with dQ; the deterministic mode's kernel adds none): each tile walks its query blocks from
-    its diagonal, wrapping around (``walk_start``)."""
+    remainder by the tile's query block count) after each barrier wait."""
     assert (block_n, block_m, num_stages, threads) == (128, 64, 2, 256) and overlap, "the hand-written ring is 128 keys x 64 queries, 2 stages, 2 consumer warpgroups"
     acc = T.float32
     total = threads + 128  # + the producer warpgroup (loader warp, dQ writer warp)
@@ -204,11 +187,6 @@ def attention_bwd_dkdv_ws(
     # split dQ (d = 128) would need a second K/V buffer that does not fit shared memory anyway.
     assert not persistent or turns or not with_dq, "persistent: dQ by turns or no dQ"
     probabilities, score_grad, keep_visible = score_gradients(block_n, block_m, True, has_softcap)
-
-    def tile_walk(hk, groups, n0, qb_lo, n_qblocks):
-        """The ``KeyTileWalk`` of the key tile starting at key row ``n0``."""
-        start = walk_start(n0, qb_lo, block_m) if diagonal_start and with_dq else 0
-        return KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m, start)
 
     @T.macro
     def staged_store(dk, dv, k_t, v_t, dK, dV, seq, n0, hk):
@@ -425,7 +403,7 @@ def attention_bwd_dkdv_ws(
             seq = seqs.of(b)
             mask = TileMask(seq, left, right)
             qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
-            walk = tile_walk(hk, H // Hkv, n0, qb_lo, n_qblocks)
+            walk = KeyTileWalk(hk, H // Hkv, qb_lo, n_qblocks, block_m)
 
             T.tma_copy(seq.k_rows(K, n0, block_n, hk), k_s, barrier=bar_kv)
             T.tma_copy(seq.k_rows(V, n0, block_n, hk), v_s, barrier=bar_kv)
@@ -517,7 +495,7 @@ def attention_bwd_dkdv_ws(
                             mask = TileMask(seq, left, right)
                             n0 = found_bx * block_n
                             qb_lo, n_qblocks, _ = query_block_range(n0, block_n, block_m, mask)
-                            walk = tile_walk(found_hk, groups, n0, qb_lo, n_qblocks)
+                            walk = KeyTileWalk(found_hk, groups, qb_lo, n_qblocks, block_m)
                             T.tma_copy(seq.k_rows(K, n0, block_n, found_hk), k_s[buf, :, :], barrier=kv_full[buf])
                             T.tma_copy(seq.k_rows(V, n0, block_n, found_hk), v_s[buf, :, :], barrier=kv_full[buf])
                             T.barrier_arrive(kv_full[buf])
@@ -549,7 +527,7 @@ def attention_bwd_dkdv_ws(
                         else:
                             mask = TileMask(seq, left, right)
                             qb_lo, n_qblocks, _ = query_block_range(bx * block_n, block_n, block_m, mask)
-                            walk = tile_walk(hk, groups, bx * block_n, qb_lo, n_qblocks)
+                            walk = KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m)
                             write_steps(dQacc, sm, bars, seq, walk, dq_phase)
                             dq_phase = dq_phase ^ (walk.n_steps & 1)
                             tiles = tiles + 1
@@ -566,7 +544,7 @@ def attention_bwd_dkdv_ws(
                         mask = TileMask(seq, left, right)
                         n0 = bx * block_n
                         qb_lo, n_qblocks, last_col = query_block_range(n0, block_n, block_m, mask)
-                        walk = tile_walk(hk, groups, n0, qb_lo, n_qblocks)
+                        walk = KeyTileWalk(hk, groups, qb_lo, n_qblocks, block_m)
                         T.clear(fr.dk)
                         T.clear(fr.dv)
                         compute_steps(k_s[buf, :, :], v_s[buf, :, :], sm, fr, bars, mask, n0, walk, last_col, score_scale, sm_scale, cap_in, phase, dq_phase)

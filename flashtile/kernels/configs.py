@@ -90,14 +90,10 @@ class BwdConfig:
     # step each step's (query head, first row) in registers instead of re-deriving them, two
     # integer divisions by the tile's block count included, after every barrier wait
     producer_regs: bool = False
-    # (NOTES prediction 13) each key tile walks its query blocks from the one holding its own
-    # first key row, wrapping around, so under a full mask the CTAs of one head reduce-add into
-    # different dQ rows at a time (``bwd.walk_start``); both kernel families
-    diagonal_start: bool = False
 
     def as_kwargs(self) -> dict:
         skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent", "producer_regs")
-        return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs", "diagonal_start"))
+        return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs"))
 
     @property
     def builder(self) -> str:
@@ -142,7 +138,7 @@ ENV_FLAGS = {
     "FLASHTILE_FWD_FLAGS": ("fwd_flags", {"pingpong", "skip_rescale", "defer_sum", "producer_regs"},
                             {"tiles_per_cta": ("0", "1", "2"),  # 0 persistent, 1 one tile a CTA, 2 a pair
                              "softmax_turns": ("0", "1", "2")}),  # 1 the softmax, 2 its exponentials
-    "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs", "diagonal_start"}, {}),
+    "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs"}, {}),
 }
 
 
@@ -354,14 +350,9 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
     if "bwd" in overrides:
         return overrides["bwd"]
     config = _bwd_row(dim, dim_v, has_softcap)
-    flags = overrides.get("bwd_flags")  # the tuning hook's flags over the table's rows
-    if flags and not config.manual_ws:  # the builder's kernels take only the walk's start
-        flags = {name: on for name, on in flags.items() if name in BUILDER_BWD_FLAGS}
-    return replace(config, **flags) if flags else config
-
-
-# ``BwdConfig`` flags that the builder's dK/dV kernel (``bwd.dkdv_kernel``) takes as well.
-BUILDER_BWD_FLAGS = ("diagonal_start",)
+    if overrides.get("bwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
+        return replace(config, **overrides["bwd_flags"])
+    return config
 
 
 def _bwd_row(dim: int, dim_v: int, has_softcap: bool) -> BwdConfig:

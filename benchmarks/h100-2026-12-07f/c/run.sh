@@ -7,6 +7,8 @@
 # under its own deadline; the lines worth reading go to summary.txt.
 #
 #   bash benchmarks/h100-2026-12-07f/c/run.sh $OUT
+# Kept as staged (never run: the forty-first session ran h100-2026-12-07g/c instead); diagonal_start
+# was reverted after that call (NOTES), so its flagged configs no longer exist in this tree.
 set -uo pipefail
 OUTDIR=$1; S=$OUTDIR/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$S"

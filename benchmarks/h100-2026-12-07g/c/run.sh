@@ -8,6 +8,8 @@
 # its own deadline; the lines worth reading go to summary.txt.
 #
 #   bash benchmarks/h100-2026-12-07g/c/run.sh $OUT
+# Kept as the record of prediction 13's call: diagonal_start was reverted after it ran
+# (NOTES, forty-first session), so its flagged configs no longer exist in this tree.
 set -uo pipefail
 OUTDIR=$1; S=$OUTDIR/summary.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$S"
