@@ -9,7 +9,7 @@
 set -uo pipefail
 OUTDIR=$1; repo=$PWD
 bash benchmarks/kernel_cache.sh unpack
-for s in 16384 4096; do
+for s in ${NCU_SEQLENS:-16384 4096}; do
   (cd /tmp && timeout ${NCU_S:-150} ncu --clock-control none --profile-from-start off \
     --kernel-name regex:'main|sdpa|fmha|attn|bprop|dkdv|bwd' --set full --import-source yes -o "/tmp/b$s" \
     python3 "$repo/benchmarks/ncu_dense.py" --backward --headdim 128 --seqlen $s > "$OUTDIR/ncu$s.log" 2>&1)

@@ -25,4 +25,4 @@ t="timeout 150 python3 benchmarks/tune.py"
 for mask in "" --causal; do
   timeout 100 python3 benchmarks/clock_probe.py --seqlen 16384 $mask 2>&1 | tee -a "$OUTDIR/clock_probe.txt"
 done
-bash benchmarks/h100-2026-12-07f/b/run.sh "$OUTDIR"
+NCU_SEQLENS=${NCU_SEQLENS:-16384} bash benchmarks/h100-2026-12-07f/b/run.sh "$OUTDIR"
