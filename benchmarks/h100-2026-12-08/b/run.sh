@@ -19,7 +19,7 @@ t="timeout 150 python3 benchmarks/tune.py"
 {
   timeout 60 python3 benchmarks/det_ratio.py --headdim 256 --seqlen 4096 16384 --rounds 2
   $t bwd --det --headdim 256 --seqlen 4096 16384 --configs 64,64,1,256,1 64,64,2,256,1 --check --repeat 2 --jobs 8
-  $t bwd_dq --headdim 256 --seqlen 4096 16384 --configs 64,64,1,128,0 64,64,2,128,0 128,64,1,256,0 --check --repeat 2 --jobs 8
+  $t bwd_dq --headdim 256 --seqlen 4096 16384 --configs 64,64,1,128,0 64,64,2,128,0 128,64,1,256,0 128,32,2,256,1 --check --repeat 2 --jobs 8
 } 2>&1 | grep -v "INFO\|^built" | tee "$OUTDIR/d256_split.txt"
 for mask in "" --causal; do
   timeout 60 python3 benchmarks/clock_probe.py --seqlen 16384 --seconds 5 $mask 2>&1 | tee -a "$OUTDIR/clock_probe.txt"
