@@ -414,6 +414,31 @@ def test_kernels_sharing_sms(g: G, monkeypatch):
     assert all(c.tiles_per_cta == 1 for c in fwd) and not any(c.persistent for c in bwd), f"[{g.id}] persistent: {launched}"
 
 
+# The d = 256 dK/dV kernel of ``kernels/bwd_wide.py`` (both warpgroups compute the whole
+# S^T / dP^T, each owns a column half of dK, dV, dQ), not in the tile table yet: forced here by
+# the tuning hook on odd lengths, Sq != Sk both ways, GQA, masks, sinks with an lse gradient,
+# fp16, many key tiles, and the deterministic mode (the kernel without dQ).
+WIDE = [
+    G(113, 203, 256, 256, 4, 4, "none", BF16, batch=2),
+    G(451, 317, 256, 256, 8, 2, "causal", BF16),
+    G(300, 700, 256, 256, 4, 1, "causal", FP16),
+    G(255, 255, 256, 256, 4, 2, "win(64,64)", BF16, sinks=True, grad="out+lse"),
+    G(1, 1024, 256, 256, 4, 4, "causal+win(256)", BF16),
+    G(2048, 2048, 256, 256, 8, 8, "none", BF16, batch=2),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("g", WIDE, ids=[g.id for g in WIDE])
+def test_wide_backward_vs_reference(g: G, deterministic, monkeypatch):
+    from flashtile.kernels import configs
+
+    wide = configs.BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True, replicate_scores=True)
+    monkeypatch.setitem(configs.overrides, "bwd", wide)
+    fails = check_case(g, deterministic=deterministic)
+    assert not fails, f"[{g.id}] bwd_wide {'deterministic' if deterministic else 'default'}\n  " + "\n  ".join(fails)
+
+
 # --------------------------------------------------------------------------------------------
 # determinism, recompilation, dispatch, layouts, empty sequences
 # --------------------------------------------------------------------------------------------

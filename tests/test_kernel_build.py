@@ -95,16 +95,44 @@ def test_dq_regs_backward_builds(monkeypatch):
     assert pointers == {"dQacc"}, f"bwd d=256 dq_regs: unguarded global pointers {sorted(pointers)}"
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
+def test_wide_backward_builds(varlen, monkeypatch):
+    """``bwd_wide``'s d = 256 dK/dV kernel (forced by the tuning hook): each consumer warpgroup
+    issues the whole S^T and dP^T (m64n64 over both column halves of K / V and Q / dO), its
+    dV / dK half from registers (m64n128 RS) and its dQ half in two m64n64 chunks, reduce-added
+    by TMA in the default mode; no atomics at all without dQ (deterministic mode)."""
+    from flashtile.kernels.launch import backward_kernels
+
+    cfg = configs.BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True, replicate_scores=True)
+    monkeypatch.setitem(configs.overrides, "bwd", cfg)
+    src = backward_kernels(256, 256, "bfloat16", False, False, False, varlen=varlen)[1].get_kernel_source()
+    _assert_hopper(src, "bwd_wide")
+    ss64 = "wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16, false, false"
+    rs128 = "wgmma_rs<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 128, 16"
+    dq64 = "wgmma_ss<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32, 64, 64, 16, true, true"
+    # Per warpgroup (two code paths): S^T and dP^T over two column halves each, dV and dK, two dQ chunks.
+    for pattern, want in ((ss64, 8), (rs128, 4), (dq64, 4)):
+        assert src.count(pattern) == want, f"bwd_wide: {src.count(pattern)} x {pattern}..., expected {want}"
+    assert "tma_store_add" in src, "bwd_wide: dQ should be reduced with TMA reduce-add"
+    _, main, dq = backward_kernels(256, 256, "bfloat16", False, True, True, varlen=varlen)
+    _assert_no_atomics({"dkdv": main, "dq": dq}, "bwd_wide deterministic")
+
+
+def _assert_no_atomics(kernels: dict, what: str) -> None:
+    """No kernel of a deterministic backward accumulates by atomics."""
+    for name, k in kernels.items():
+        src = k.get_kernel_source()
+        _assert_hopper(src, f"{what} {name}")
+        for atomic in ("AtomicAdd", "atomicAdd", "tma_store_add", "atomic_add"):
+            assert atomic not in src, f"{what} {name} uses {atomic}"
+
+
 @pytest.mark.parametrize("dim,dim_v", [(128, 128), (192, 128)])
 def test_deterministic_backward_builds_without_atomics(dim, dim_v):
     from flashtile.kernels.launch import backward_kernels as get_backward_kernels
 
     _, main, dq = get_backward_kernels(dim, dim_v, "bfloat16", has_softcap=False, has_dlse=True, deterministic=True)
-    for what, k in (("dkdv", main), ("dq", dq)):
-        src = k.get_kernel_source()
-        _assert_hopper(src, f"deterministic {what}")
-        for atomic in ("AtomicAdd", "atomicAdd", "tma_store_add", "atomic_add"):
-            assert atomic not in src, f"deterministic {what} uses {atomic}"
+    _assert_no_atomics({"dkdv": main, "dq": dq}, "deterministic")
 
 
 @pytest.mark.parametrize("has_sinks,has_softcap", [(True, False), (False, True), (True, True)])

@@ -90,13 +90,22 @@ class BwdConfig:
     # step each step's (query head, first row) in registers instead of re-deriving them, two
     # integer divisions by the tile's block count included, after every barrier wait
     producer_regs: bool = False
+    # d = 256 only (kernels/bwd_wide.py, not in the table until measured: NOTES, forty-second
+    # session): both consumer warpgroups compute the whole S^T / dP^T and each owns a column half
+    # of dK, dV and dQ, instead of the builder's split of S^T's columns.
+    replicate_scores: bool = False
 
     def as_kwargs(self) -> dict:
+        if self.replicate_scores:
+            return _builder_kwargs(self, ("manual_ws", "dq_turns", "persistent", "dq_regs", "producer_regs",
+                                          "replicate_scores"), added_flags=())
         skip = ("manual_ws", "dq_regs") if self.manual_ws else ("manual_ws", "dq_turns", "persistent", "producer_regs")
-        return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs"))
+        return _builder_kwargs(self, skip, added_flags=("dq_regs", "producer_regs", "replicate_scores"))
 
     @property
     def builder(self) -> str:
+        if self.replicate_scores:
+            return "bwd_wide.attention_bwd_dkdv_wide"
         if self.manual_ws:
             return "bwd_ws.attention_bwd_dkdv_ws"
         return "bwd.attention_bwd_dkdv_regs" if self.dq_regs else "bwd.attention_bwd_dkdv"
