@@ -28,7 +28,7 @@ import flashtile.fp8  # noqa: F401  (the --fp8 inputs)
 from flashtile.kernels import configs
 
 # (block_m, block_n, stages, threads, manual_ws, pingpong, tiles_per_cta, skip_rescale) for the forward; (block_n, block_m, stages, threads,
-# overlap, manual_ws, dq_turns, persistent, dq_regs) for the backward.  First entry of each list = the table's current choice.
+# overlap, manual_ws, dq_turns, persistent, dq_regs, producer_regs, replicate_scores) for the backward.  First entry of each list = the table's current choice.
 FWD = {
     64: [(192, 128, 2, 384, 1, 1), (192, 128, 2, 384, 1, 1, 0), (128, 128, 2, 256, 1, 1, 0)],
     128: [(128, 128, 2, 256, 1, 1, 0), (128, 128, 2, 256, 1, 1), (128, 128, 2, 256, 1, 1, 2)],
