@@ -114,8 +114,9 @@ def test_wide_backward_builds(varlen, monkeypatch):
     for pattern, want in ((ss64, 8), (rs128, 4), (dq64, 4)):
         assert src.count(pattern) == want, f"bwd_wide: {src.count(pattern)} x {pattern}..., expected {want}"
     assert "tma_store_add" in src, "bwd_wide: dQ should be reduced with TMA reduce-add"
-    _, main, dq = backward_kernels(256, 256, "bfloat16", False, True, True, varlen=varlen)
-    _assert_no_atomics({"dkdv": main, "dq": dq}, "bwd_wide deterministic")
+    if not varlen:  # (one build of the variant without dQ is enough: CI time)
+        _, main, dq = backward_kernels(256, 256, "bfloat16", False, True, True)
+        _assert_no_atomics({"dkdv": main, "dq": dq}, "bwd_wide deterministic")
 
 
 def _assert_no_atomics(kernels: dict, what: str) -> None:
