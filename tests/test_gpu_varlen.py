@@ -240,6 +240,25 @@ def test_varlen_kernel_vs_reference(g: V):
     assert not fails, f"[{g.id}]\n  " + "\n  ".join(fails)
 
 
+# ``kernels/bwd_wide.py``'s d = 256 dK/dV kernel (not in the tile table yet), forced by the tuning
+# hook: packed tiles that end past their sequence (row-guarded dK / dV stores), seqused, an lse gradient.
+WIDE = [
+    V(14, 256, 256, 4, 2, "causal", BF16),
+    V(15, 256, 256, 8, 2, "none", BF16, batch=12, seqused=True, grad="out+lse"),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("g", WIDE, ids=[g.id for g in WIDE])
+def test_wide_backward_vs_reference(g: V, deterministic, monkeypatch):
+    from flashtile.kernels import configs
+
+    wide = configs.BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True, replicate_scores=True)
+    monkeypatch.setitem(configs.overrides, "bwd", wide)
+    fails, _ = check(g, deterministic=deterministic)
+    assert not fails, f"[{g.id}] bwd_wide {'deterministic' if deterministic else 'default'}\n  " + "\n  ".join(fails)
+
+
 DETERMINISM = [GRID[0], GRID[3], GRID[12]]  # GRID[12]: the persistent packed dK/dV without dQ
 
 

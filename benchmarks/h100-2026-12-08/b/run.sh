@@ -19,7 +19,7 @@ bash benchmarks/kernel_cache.sh unpack
 t="timeout 150 python3 benchmarks/tune.py"
 {
   $t bwd --headdim 256 --seqlen 4096 16384 --configs 64,64,1,256,1 64,64,1,256,1,0,0,0,0,0,1 --check --repeat 2 --jobs 8
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py -k wide 2>&1 | tail -15
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_gpu_varlen.py -k wide 2>&1 | tail -15
 } 2>&1 | grep -v "INFO\|^built" | tee "$OUTDIR/d256_wide.txt"
 {
   timeout 60 python3 benchmarks/det_ratio.py --headdim 256 --seqlen 4096 16384 --rounds 2
