@@ -244,6 +244,19 @@ def test_bwd_flags_switch_sets_flags_on_hand_written_rows_only(monkeypatch):
         assert not cfg.manual_ws and not cfg.producer_regs, (dim, softcap, cfg)
 
 
+def test_bwd_flags_switch_puts_bwd_wide_on_its_rows_only(monkeypatch):
+    """``FLASHTILE_BWD_FLAGS=replicate_scores=1`` runs the d = 256 kernel of ``bwd_wide.py`` where
+    it applies (d = d_v = 256 without softcap, dense and packed) and nowhere else."""
+    assert configs._env_flags("FLASHTILE_BWD_FLAGS", "replicate_scores=1") == {"replicate_scores": True}
+    monkeypatch.setitem(configs.overrides, "bwd_flags", {"replicate_scores": True})
+    for varlen in (False, True):
+        cfg = configs.bwd_config(256, 256, "bfloat16", "causal", False, varlen)
+        assert cfg.replicate_scores and cfg.builder == "bwd_wide.attention_bwd_dkdv_wide", cfg
+    for dim, dim_v, softcap in ((256, 256, True), (192, 128, False), (128, 128, False), (64, 64, False)):
+        cfg = configs.bwd_config(dim, dim_v, "bfloat16", "causal", softcap)
+        assert not cfg.replicate_scores, (dim, dim_v, softcap, cfg)
+
+
 def test_sharing_sms_drops_persistent_schedules_only():
     """``configs.sharing_sms`` (ring attention's steps, beside NCCL's kernels): the persistent
     d=128 forward and d=64 short forward become one tile per CTA, the persistent d <= 96 dK/dV

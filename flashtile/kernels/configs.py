@@ -147,7 +147,7 @@ ENV_FLAGS = {
     "FLASHTILE_FWD_FLAGS": ("fwd_flags", {"pingpong", "skip_rescale", "defer_sum", "producer_regs"},
                             {"tiles_per_cta": ("0", "1", "2"),  # 0 persistent, 1 one tile a CTA, 2 a pair
                              "softmax_turns": ("0", "1", "2")}),  # 1 the softmax, 2 its exponentials
-    "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs"}, {}),
+    "FLASHTILE_BWD_FLAGS": ("bwd_flags", {"producer_regs", "replicate_scores"}, {}),
 }
 
 
@@ -359,8 +359,13 @@ def bwd_config(dim: int, dim_v: int, dtype: torch.dtype, kind: str, has_softcap:
     if "bwd" in overrides:
         return overrides["bwd"]
     config = _bwd_row(dim, dim_v, has_softcap)
-    if overrides.get("bwd_flags") and config.manual_ws:  # the tuning hook's flags over the table's rows
-        return replace(config, **overrides["bwd_flags"])
+    flags = dict(overrides.get("bwd_flags") or {})  # the developer switch's flags over the table's rows
+    # replicate_scores: the d = 256 kernel of bwd_wide.py, on the rows it serves (d = d_v = 256,
+    # no softcap: the builder's 64 x 64 one-stage row); the other flags: hand-written rows.
+    if flags.pop("replicate_scores", False) and (dim, dim_v) == (256, 256) and not has_softcap:
+        return replace(config, replicate_scores=True)
+    if flags and config.manual_ws:
+        return replace(config, **flags)
     return config
 
 
