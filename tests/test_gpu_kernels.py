@@ -385,19 +385,11 @@ SHARING_SMS = [
 ]
 
 
-@pytest.mark.parametrize("g", SHARING_SMS, ids=[g.id for g in SHARING_SMS])
-def test_kernels_sharing_sms(g: G, monkeypatch):
-    """Every launch of the case asks for ``share_sms=True`` (as ring attention's steps do), and
-    every forward and dK/dV kernel it runs has no persistent grid."""
-    from flashtile import kernels
-    from flashtile.kernels import cache, configs
+def spy_configs(monkeypatch) -> list:
+    """The tile configs of every kernel the test then looks up (``cache.get_static``), in order:
+    which kernels a case really ran, so a forced config cannot pass by not running."""
+    from flashtile.kernels import cache
 
-    for name in ("forward", "backward"):
-        def forced(*args, _real=getattr(kernels, name), **kwargs):
-            kwargs["share_sms"] = True  # over the callers' own share_sms=False
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(kernels, name, forced)
     launched = []
     real_get = cache.get_static
 
@@ -406,6 +398,23 @@ def test_kernels_sharing_sms(g: G, monkeypatch):
         return real_get(builder, config, static, key_)
 
     monkeypatch.setattr(cache, "get_static", spy)
+    return launched
+
+
+@pytest.mark.parametrize("g", SHARING_SMS, ids=[g.id for g in SHARING_SMS])
+def test_kernels_sharing_sms(g: G, monkeypatch):
+    """Every launch of the case asks for ``share_sms=True`` (as ring attention's steps do), and
+    every forward and dK/dV kernel it runs has no persistent grid."""
+    from flashtile import kernels
+    from flashtile.kernels import configs
+
+    for name in ("forward", "backward"):
+        def forced(*args, _real=getattr(kernels, name), **kwargs):
+            kwargs["share_sms"] = True  # over the callers' own share_sms=False
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, forced)
+    launched = spy_configs(monkeypatch)
     fails = check_case(g)
     assert not fails, f"[{g.id}] share_sms=True\n  " + "\n  ".join(fails)
     fwd = [c for c in launched if isinstance(c, configs.FwdConfig)]
@@ -435,7 +444,9 @@ def test_wide_backward_vs_reference(g: G, deterministic, monkeypatch):
 
     wide = configs.BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True, replicate_scores=True)
     monkeypatch.setitem(configs.overrides, "bwd", wide)
+    launched = spy_configs(monkeypatch)
     fails = check_case(g, deterministic=deterministic)
+    assert wide in launched, f"[{g.id}] bwd_wide was not launched: {launched}"
     assert not fails, f"[{g.id}] bwd_wide {'deterministic' if deterministic else 'default'}\n  " + "\n  ".join(fails)
 
 

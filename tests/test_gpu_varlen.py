@@ -30,7 +30,7 @@ import torch
 from flashtile import reference
 from flashtile.kernels import cache, debug
 from flashtile.varlen import flash_attn_varlen_func
-from test_gpu_kernels import NAMES, _ieee_fp32_reference, rule_failures  # noqa: F401 (autouse fixture: ref32 without TF32)
+from test_gpu_kernels import NAMES, _ieee_fp32_reference, rule_failures, spy_configs  # noqa: F401 (autouse fixture: ref32 without TF32)
 
 pytestmark = pytest.mark.gpu
 
@@ -255,7 +255,9 @@ def test_wide_backward_vs_reference(g: V, deterministic, monkeypatch):
 
     wide = configs.BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True, replicate_scores=True)
     monkeypatch.setitem(configs.overrides, "bwd", wide)
+    launched = spy_configs(monkeypatch)
     fails, _ = check(g, deterministic=deterministic)
+    assert wide in launched, f"[{g.id}] bwd_wide was not launched: {launched}"
     assert not fails, f"[{g.id}] bwd_wide {'deterministic' if deterministic else 'default'}\n  " + "\n  ".join(fails)
 
 
