@@ -49,15 +49,9 @@ DQ_CHUNK = 64  # dQ columns per GEMM (register budget: see compute_steps)
 WG_SYNC = 10  # named barriers 10 and 11: one warpgroup's own threads (its dS^T copy is in)
 
 
-def q_half(seq, X, m0, rows, h, c):
-    """Column half ``c`` of rows [m0, m0 + rows) of head ``h`` of a query-side tensor
-    (``seqinfo.Sequence.q_rows``, 128 columns)."""
-    return X[seq.b, seq.q0 + m0 : seq.q0 + m0 + rows, h, c * HALF : (c + 1) * HALF]
-
-
-def k_half(seq, X, n0, rows, hk, c):
-    """Column half ``c`` of rows [n0, n0 + rows) of head ``hk`` of a key-side tensor."""
-    return X[seq.b, seq.k0 + n0 : seq.k0 + n0 + rows, hk, c * HALF : (c + 1) * HALF]
+def half(c):
+    """Column half ``c`` of a head as ``seqinfo.Sequence.q_rows`` / ``k_rows``' ``cols``."""
+    return (c * HALF, HALF)
 
 
 @tilelang.jit(target=TARGET, pass_configs=WS_PASS_CONFIGS)
@@ -91,12 +85,12 @@ def attention_bwd_dkdv_wide(
             h, m0 = walk.step(t)
             T.barrier_wait(bars.do_empty, (t & 1) ^ 1)
             for c in T.unroll(2):
-                T.tma_copy(q_half(seq, dO, m0, block_m, h, c), sm.do_s[c, :, :], barrier=bars.do_full)
+                T.tma_copy(seq.q_rows(dO, m0, block_m, h, half(c)), sm.do_s[c, :, :], barrier=bars.do_full)
             T.tma_copy(seq.stat(Delta, h, m0, block_m), sm.delta_s, barrier=bars.do_full)
             T.barrier_arrive(bars.do_full)
             T.barrier_wait(bars.q_empty, (t & 1) ^ 1)
             for c in T.unroll(2):
-                T.tma_copy(q_half(seq, Q, m0, block_m, h, c), sm.q_s[c, :, :], barrier=bars.q_full)
+                T.tma_copy(seq.q_rows(Q, m0, block_m, h, half(c)), sm.q_s[c, :, :], barrier=bars.q_full)
             T.tma_copy(seq.stat(LSE2, h, m0, block_m), sm.lse_s, barrier=bars.q_full)
             T.barrier_arrive(bars.q_full)
 
@@ -107,7 +101,7 @@ def attention_bwd_dkdv_wide(
             h, m0 = walk.step(t)
             for c in T.unroll(2):
                 T.barrier_wait(bars.dq_full[c], t & 1)
-                T.atomic_add(q_half(seq, dQacc, m0, block_m, h, c), sm.dq_s[c, :, :], use_tma=True)
+                T.atomic_add(seq.q_rows(dQacc, m0, block_m, h, half(c)), sm.dq_s[c, :, :], use_tma=True)
                 if T.get_thread_binding() == writer_lane0:
                     T.barrier_arrive(bars.dq_empty[c])
 
@@ -172,13 +166,11 @@ def attention_bwd_dkdv_wide(
             T.copy(fr.dv, sm.v_s[w, :, :])
             T.fence_proxy_async()
             T.sync_threads(WG_SYNC + w, 128)
-            T.copy(sm.k_s[w, :, :], k_half(seq, dK, n0, block_n, hk, w))
-            T.copy(sm.v_s[w, :, :], k_half(seq, dV, n0, block_n, hk, w))
+            T.copy(sm.k_s[w, :, :], seq.k_rows(dK, n0, block_n, hk, half(w)))
+            T.copy(sm.v_s[w, :, :], seq.k_rows(dV, n0, block_n, hk, half(w)))
         else:
-            for i, j in T.Parallel(block_n, HALF):
-                if n0 + i < seq.len_k:
-                    dK[seq.b, seq.k0 + n0 + i, hk, w * HALF + j] = T.cast(fr.dk[i, j], dK.dtype)
-                    dV[seq.b, seq.k0 + n0 + i, hk, w * HALF + j] = T.cast(fr.dv[i, j], dV.dtype)
+            seqinfo.store_k_tail(seq, fr.dk, dK, n0, block_n, hk, HALF, c0=w * HALF)
+            seqinfo.store_k_tail(seq, fr.dv, dV, n0, block_n, hk, HALF, c0=w * HALF)
 
     def fragments():
         """One warpgroup's registers (each set is laid out over its own 128 threads)."""
@@ -230,8 +222,8 @@ def attention_bwd_dkdv_wide(
             walk = KeyTileWalk(hk, H // Hkv, qb_lo, n_qblocks, block_m)
 
             for c in T.unroll(2):
-                T.tma_copy(k_half(seq, K, n0, block_n, hk, c), k_s[c, :, :], barrier=bar_kv)
-                T.tma_copy(k_half(seq, V, n0, block_n, hk, c), v_s[c, :, :], barrier=bar_kv)
+                T.tma_copy(seq.k_rows(K, n0, block_n, hk, half(c)), k_s[c, :, :], barrier=bar_kv)
+                T.tma_copy(seq.k_rows(V, n0, block_n, hk, half(c)), v_s[c, :, :], barrier=bar_kv)
             T.barrier_arrive(bar_kv)
 
             if tx >= threads:

@@ -57,13 +57,15 @@ class Sequence:
         self.key_lo = key_lo
 
     # Tile regions (TMA / T.copy sources and destinations).
-    def q_rows(self, X, m0, rows, h):
-        """Rows [m0, m0 + rows) of head ``h`` of a query-side tensor (Q, O, dO, dQ)."""
-        return X[self.b, self.q0 + m0 : self.q0 + m0 + rows, h, :]
+    def q_rows(self, X, m0, rows, h, cols=None):
+        """Rows [m0, m0 + rows) of head ``h`` of a query-side tensor (Q, O, dO, dQ); with
+        ``cols`` = (first, count) only those columns of the head dim (``bwd_wide``'s halves)."""
+        return X[self.b, self.q0 + m0 : self.q0 + m0 + rows, h, _columns(cols)]
 
-    def k_rows(self, X, n0, rows, hk):
-        """Rows [n0, n0 + rows) of head ``hk`` of a key-side tensor (K, V, dK, dV)."""
-        return X[self.b, self.k0 + n0 : self.k0 + n0 + rows, hk, :]
+    def k_rows(self, X, n0, rows, hk, cols=None):
+        """Rows [n0, n0 + rows) of head ``hk`` of a key-side tensor (K, V, dK, dV); ``cols`` as
+        in ``q_rows``."""
+        return X[self.b, self.k0 + n0 : self.k0 + n0 + rows, hk, _columns(cols)]
 
     def v_cols(self, Vt, n0, cols, hk):
         """Keys [n0, n0 + cols) of kv head ``hk`` of a transposed V (B, Hkv, Dv, keys): the FP8
@@ -75,6 +77,11 @@ class Sequence:
         (LSE2, Delta; their rows start at ``s0``)."""
         return X[self.b, h, self.s0 + m0 : self.s0 + m0 + rows]
 
+
+
+def _columns(cols):
+    """The head-dim slice of ``Sequence.q_rows`` / ``k_rows``: all columns, or (first, count)."""
+    return slice(None) if cols is None else slice(cols[0], cols[0] + cols[1])
 
 
 class Sequences:
@@ -355,12 +362,13 @@ def store_k_tile(seq, acc, stage, X, n0, rows, hk, cols):
 
 
 @T.macro
-def store_k_tail(seq, acc, X, n0, rows, hk, cols):
+def store_k_tail(seq, acc, X, n0, rows, hk, cols, c0=0):
     """``store_k_tile``'s path for a packed tile that may run past its sequence's end: from
-    registers, each row guarded (for kernels that stage whole tiles themselves)."""
+    registers, each row guarded (for kernels that stage whole tiles themselves).  ``c0``: the
+    first head-dim column ``acc`` holds (``bwd_wide``'s column halves)."""
     for i, j in T.Parallel(rows, cols):
         if n0 + i < seq.len_k:
-            X[seq.b, seq.k0 + n0 + i, hk, j] = T.cast(acc[i, j], X.dtype)
+            X[seq.b, seq.k0 + n0 + i, hk, c0 + j] = T.cast(acc[i, j], X.dtype)
 
 
 @T.macro
