@@ -440,14 +440,20 @@ WIDE = [
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 @pytest.mark.parametrize("g", WIDE, ids=[g.id for g in WIDE])
 def test_wide_backward_vs_reference(g: G, deterministic, monkeypatch):
+    check_with_bwd_wide(g.id, lambda: check_case(g, deterministic=deterministic), deterministic, monkeypatch)
+
+
+def check_with_bwd_wide(case_id: str, run, deterministic: bool, monkeypatch) -> None:
+    """``run()`` (a case's failure list) with ``bwd_wide``'s kernel forced by the tuning hook,
+    asserting that it really ran and that the case passed (dense and packed tests share it)."""
     from flashtile.kernels import configs
 
     wide = configs.BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True, replicate_scores=True)
     monkeypatch.setitem(configs.overrides, "bwd", wide)
     launched = spy_configs(monkeypatch)
-    fails = check_case(g, deterministic=deterministic)
-    assert wide in launched, f"[{g.id}] bwd_wide was not launched: {launched}"
-    assert not fails, f"[{g.id}] bwd_wide {'deterministic' if deterministic else 'default'}\n  " + "\n  ".join(fails)
+    fails = run()
+    assert wide in launched, f"[{case_id}] bwd_wide was not launched: {launched}"
+    assert not fails, f"[{case_id}] bwd_wide {'deterministic' if deterministic else 'default'}\n  " + "\n  ".join(fails)
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import torch
 from flashtile import reference
 from flashtile.kernels import cache, debug
 from flashtile.varlen import flash_attn_varlen_func
-from test_gpu_kernels import NAMES, _ieee_fp32_reference, rule_failures, spy_configs  # noqa: F401 (autouse fixture: ref32 without TF32)
+from test_gpu_kernels import NAMES, _ieee_fp32_reference, check_with_bwd_wide, rule_failures  # noqa: F401 (autouse fixture: ref32 without TF32)
 
 pytestmark = pytest.mark.gpu
 
@@ -251,14 +251,7 @@ WIDE = [
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 @pytest.mark.parametrize("g", WIDE, ids=[g.id for g in WIDE])
 def test_wide_backward_vs_reference(g: V, deterministic, monkeypatch):
-    from flashtile.kernels import configs
-
-    wide = configs.BwdConfig(block_n=64, block_m=64, num_stages=1, threads=256, overlap=True, replicate_scores=True)
-    monkeypatch.setitem(configs.overrides, "bwd", wide)
-    launched = spy_configs(monkeypatch)
-    fails, _ = check(g, deterministic=deterministic)
-    assert wide in launched, f"[{g.id}] bwd_wide was not launched: {launched}"
-    assert not fails, f"[{g.id}] bwd_wide {'deterministic' if deterministic else 'default'}\n  " + "\n  ".join(fails)
+    check_with_bwd_wide(g.id, lambda: check(g, deterministic=deterministic)[0], deterministic, monkeypatch)
 
 
 DETERMINISM = [GRID[0], GRID[3], GRID[12]]  # GRID[12]: the persistent packed dK/dV without dQ
