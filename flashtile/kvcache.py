@@ -33,7 +33,8 @@ from .fp8 import DTYPE as FP8
 from .fp8 import saturate
 from .interface import normalize_window
 from .lazy import lazy_module
-from .validation import check_descales, check_scale, check_sinks, check_softcap, check_window, describe, fail, is_int
+from .validation import (check_descales, check_flag, check_scale, check_sinks, check_softcap, check_window, describe, fail,
+                         is_int, reject_unsupported)
 
 FN = "flash_attn_with_kvcache"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -132,8 +133,10 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         _int_tensor("cache_batch_idx", cache_batch_idx, (b,), "(batch,)", dev)
     if cache_leftpad is not None:
         _int_tensor("cache_leftpad", cache_leftpad, (b,), "(batch,)", dev)
-    if cache_seqlens is None:
-        _fail(TypeError, "cache_seqlens", "an int or an int32 tensor (batch,)", "None")
+    if cache_seqlens is None:  # flash-attn's meaning: every sequence fills the cache (nothing appended)
+        if k is not None:
+            _fail(ValueError, "cache_seqlens", "given when k and v are appended (it says where they go)", "None")
+        cache_seqlens = capacity
     if isinstance(cache_seqlens, torch.Tensor):
         _int_tensor("cache_seqlens", cache_seqlens, (b,), "(batch,)", dev)
     elif is_int(cache_seqlens):
@@ -416,6 +419,9 @@ def flash_attn_with_kvcache(
     return_lse: bool = False,
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
+    *,
+    alibi_slopes: None = None,
+    return_softmax_lse: bool = False,
 ):
     """Attention of ``q`` over a KV cache, appending new keys/values in place (decoding).
 
@@ -434,7 +440,9 @@ def flash_attn_with_kvcache(
             to the new k (positions ``cache_seqlens[b] + i``) and to q (positions
             ``cache_seqlens[b] + t`` when causal or windowed, else ``cache_seqlens[b]`` for every
             token), on the first ``rotary_dim`` features; needs k and v.
-        cache_seqlens: int, or int32 (batch,): tokens already in each sequence's cache.
+        cache_seqlens: int, or int32 (batch,): tokens already in each sequence's cache.  None
+            (flash-attn's default): every sequence fills the cache, i.e. its capacity
+            ``seqlen_cache`` (paged: ``max_blocks_per_seq * page_size``); not with new k / v.
         cache_batch_idx: None, or int32 (batch,): cache row of each batch entry (contiguous
             caches only; default ``arange(batch)``).
         cache_leftpad: None, or int32 (batch,): first valid cache position; keys before it are
@@ -456,13 +464,27 @@ def flash_attn_with_kvcache(
             New k/v (in q's dtype) are quantized with them when appended (``k / k_descale``,
             saturated at +-448).  q and the output stay in q's dtype; CUDA needs bf16/fp16 q.
             None otherwise.
+        alibi_slopes: keyword only, flash-attn 2's name; must be None (NotImplementedError).
+        return_softmax_lse: keyword only, flash-attn's name for ``return_lse`` (either returns
+            lse).
+
+    flash-attn 2's positional order up to ``window_size``; after it flash-attn 2 has
+    ``softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse`` where this
+    function has ``sinks, softcap, rotary_interleaved, num_splits, return_lse``: pass those by
+    keyword (a softcap given in the sinks position is refused: sinks must be a tensor).
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, or ``(out, lse)``.
     """
+    reject_unsupported(FN, alibi_slopes=alibi_slopes)
+    check_flag(FN, "return_softmax_lse", return_softmax_lse)
+    if return_softmax_lse and return_lse is False:  # either name asks for lse (a bad return_lse: validate names it)
+        return_lse = True
     validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse,
              k_descale, v_descale)
+    if cache_seqlens is None:  # the whole cache (validate refused it with new tokens)
+        cache_seqlens = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
     if not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
     if softmax_scale is None:

@@ -65,6 +65,7 @@ def flash_attn_varlen_func(
     alibi_slopes: None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    block_table: None = None,
     *,
     sinks: Optional[Tensor] = None,
     return_lse: bool = False,
@@ -91,6 +92,9 @@ def flash_attn_varlen_func(
             sequence).
         return_attn_probs: return ``(out, lse, None)`` (flash-attn's third value, the dropout
             mask, is always None here).
+        block_table: must be None: flash-attn 2's paged K/V for this function is not supported
+            (NotImplementedError; ``flash_attn_with_kvcache`` takes paged caches).  In flash-attn
+            2's position, so its positional call sites bind the same way.
         return_lse: return ``(out, lse)``.
         seqused_q, seqused_k: None or int32 (batch,): use only the first ``seqused[b]`` tokens
             of sequence b.
@@ -113,7 +117,7 @@ def flash_attn_varlen_func(
     the contract above) runs the dense kernels on a (batch, max_seqlen, ...) view: same
     results, dense speed (``kernels.equal_lengths``).
     """
-    V.reject_unsupported(FN, dropout_p, alibi_slopes)
+    V.reject_unsupported(FN, dropout_p, alibi_slopes, block_table)
     V.check_flags(FN, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
                   return_lse=return_lse)
     validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,

@@ -88,6 +88,24 @@ def test_compile_fullgraph_matches_eager_cuda(d):
         torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
 
 
+def test_fa3_call_site_runs_the_same_kernels_cuda():
+    """``flashtile.fa3``'s flash-attn 3 order reaches the kernels ``flash_attn_func`` runs:
+    out, lse and the deterministic backward's gradients bitwise equal (the shapes and kernels of
+    ``test_compile_fullgraph_matches_eager_cuda``'s d = 64 case)."""
+    from flashtile import fa3
+
+    q, k, v = _qkv(d=64, sq=300, sk=300)
+    got = fa3.flash_attn_func(q, k, v, 0.11, True, None, None, None, None, (-1, -1), 0, 0.0, 1, None, True, 0, True)
+    want = flashtile.flash_attn_func(q, k, v, softmax_scale=0.11, causal=True, deterministic=True, return_lse=True)
+    dout = torch.randn_like(want[0])
+    for name, a, b in zip(("out", "lse"), got, want):
+        assert torch.equal(a, b), f"{name} of fa3.flash_attn_func differs from flashtile.flash_attn_func's"
+    g_got = torch.autograd.grad((got[0] * dout).sum(), (q, k, v))
+    g_want = torch.autograd.grad((want[0] * dout).sum(), (q, k, v))
+    for name, a, b in zip("qkv", g_got, g_want):
+        assert torch.equal(a, b), f"d{name} of fa3.flash_attn_func differs from flashtile.flash_attn_func's"
+
+
 # --- transformers ---------------------------------------------------------------------------------
 
 

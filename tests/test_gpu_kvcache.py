@@ -250,6 +250,42 @@ def test_kernel_matches_reference(c: C):
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"{name} differs after the append"
 
 
+def test_fa3_fp8_call_site_equals_the_16_bit_route():
+    """flash-attn 3's FP8 decode call (``flashtile.fa3``: FP8 q and new k / v beside an FP8
+    paged cache, ``page_table``) equals flashtile's call on the dequantized bf16 q and new
+    tokens, output and caches bitwise (the grid's page-16 FP8-cache case)."""
+    from flashtile import fa3
+
+    b, length, h, hkv, d, page = 3, 1000, 8, 2, 128, 16
+    pages = -(-length // page)
+    k_cache = torch.randn(b * pages, page, hkv, d, device="cuda").to(torch.float8_e4m3fn)
+    v_cache = torch.randn(b * pages, page, hkv, d, device="cuda").to(torch.float8_e4m3fn)
+    table = torch.randperm(b * pages, device="cuda", dtype=torch.int32).reshape(b, pages)
+    seqlens = torch.tensor([length - 1, 500, 17], device="cuda", dtype=torch.int32)
+    q8 = torch.randn(b, 1, h, d, device="cuda").to(torch.float8_e4m3fn)
+    k8, v8 = (torch.randn(b, 1, hkv, d, device="cuda").to(torch.float8_e4m3fn) for _ in range(2))
+    qd, kd, vd = (torch.rand(b, hkv, device="cuda") + 0.5 for _ in range(3))
+    caches = (k_cache.clone(), v_cache.clone())
+    out, lse = fa3.flash_attn_with_kvcache(q8, *caches, k8, v8, cache_seqlens=seqlens, page_table=table,
+                                           q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
+                                           return_softmax_lse=True)
+
+    def real(x8, descale):
+        return (x8.float() * descale.repeat_interleave(x8.shape[2] // hkv, dim=1)[:, None, :, None]).to(BF16)
+
+    want_caches = (k_cache.clone(), v_cache.clone())
+    want, want_lse = flash_attn_with_kvcache(real(q8, qd), *want_caches, real(k8, kd), real(v8, vd),
+                                             cache_seqlens=seqlens, block_table=table, causal=True, k_descale=kd,
+                                             v_descale=vd, return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse), "fa3 FP8 decode differs from the bf16-q route"
+    for name, got_c, want_c in zip(("k_cache", "v_cache"), caches, want_caches):
+        assert torch.equal(got_c.view(torch.uint8), want_c.view(torch.uint8)), f"{name} differs after the append"
+    pos = seqlens.long()
+    rows = table.long().gather(1, (pos // page)[:, None])[:, 0]
+    assert torch.equal(caches[0][rows, pos % page].view(torch.uint8), k8[:, 0].view(torch.uint8)), \
+        "the appended k_cache rows are not the new tokens' own FP8 bytes"
+
+
 # Splits merged several query rows per combine CTA (``decode.rows_per_cta`` > 1: few splits a
 # row, after the FP8 decode), which are also the CTA-share cases (``decode.worker_count``): 96
 # segments on 132 CTAs (fractional, two parts each), 160 and 280 short segments on one

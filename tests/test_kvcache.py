@@ -295,7 +295,7 @@ BAD = [
     ("headdim", lambda q, kw: (q[..., :16], kw), ValueError, "headdim"),
     ("seqlens dtype", lambda q, kw: (q, {**kw, "cache_seqlens": kw["cache_seqlens"].long()}), TypeError, "cache_seqlens.dtype"),
     ("seqlens shape", lambda q, kw: (q, {**kw, "cache_seqlens": kw["cache_seqlens"][:1]}), ValueError, "cache_seqlens"),
-    ("seqlens none", lambda q, kw: (q, {**kw, "cache_seqlens": None}), TypeError, "cache_seqlens"),
+    ("seqlens none with new tokens", lambda q, kw: (q, {**kw, "cache_seqlens": None}), ValueError, "cache_seqlens must be given when k and v"),
     ("seqlens float", lambda q, kw: (q, {**kw, "cache_seqlens": 3.0}), TypeError, "cache_seqlens"),
     ("too long", lambda q, kw: (q, {**kw, "cache_seqlens": torch.tensor([40, 0], dtype=torch.int32)}), ValueError, "cache_seqlens + seqlen_new"),
     ("negative", lambda q, kw: (q, {**kw, "cache_seqlens": torch.tensor([-1, 0], dtype=torch.int32)}), ValueError, "non-negative"),

@@ -1,0 +1,258 @@
+"""flash-attn 3 call sites work unchanged through ``flashtile.fa3``; flash-attn 2's remaining
+signature details (``block_table`` in the varlen call, ``cache_seqlens=None``,
+``return_softmax_lse`` and ``alibi_slopes`` in the KV-cache call).
+
+Each fa3 call is compared, bitwise on CPU (the same reference runs underneath), with the
+flashtile call it maps to; the orders below are copied from flash-attn 3's
+``hopper/flash_attn_interface.py`` (Dao-AILab/flash-attention, 2026-08).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import flashtile
+from flashtile import fa3
+from flashtile.fp8 import DTYPE as FP8
+
+FA3_DENSE = ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale", "window_size",
+             "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic", "sm_margin", "return_attn_probs"]
+FA3_VARLEN = FA3_DENSE[:3] + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
+                              "seqused_k"] + FA3_DENSE[3:]
+FA3_KVCACHE = ["q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin", "cache_seqlens",
+               "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new", "max_seqlen_q",
+               "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale", "causal", "window_size",
+               "attention_chunk", "softcap", "rotary_interleaved", "scheduler_metadata", "num_splits", "pack_gqa",
+               "sm_margin", "return_softmax_lse"]
+
+
+def rand(*shape, dtype=torch.float64, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def positional(fn):
+    return [n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+
+
+@pytest.mark.parametrize("fn, order", [(fa3.flash_attn_func, FA3_DENSE), (fa3.flash_attn_varlen_func, FA3_VARLEN),
+                                       (fa3.flash_attn_with_kvcache, FA3_KVCACHE)])
+def test_positional_orders_are_flash_attn_3s(fn, order):
+    assert positional(fn) == order, f"{fn.__name__}: positional parameters differ from flash-attn 3's"
+
+
+def test_dense_positional_call_site_equals_flashtile():
+    q, k, v = rand(2, 9, 4, 16, seed=1), rand(2, 11, 2, 16, seed=2), rand(2, 11, 2, 8, seed=3)
+    got = fa3.flash_attn_func(q, k, v, 0.3, True, None, None, None, None, (4, -1), 0, 2.5)
+    want = flashtile.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, window_size=(4, -1), softcap=2.5)
+    assert torch.equal(got, want), "fa3.flash_attn_func(q, k, v, scale, causal, ..., window, 0, softcap) != flashtile's"
+
+
+def test_dense_return_attn_probs_is_out_and_lse_with_gradients():
+    q, k, v = (x.requires_grad_() for x in (rand(1, 5, 2, 8, seed=4), rand(1, 7, 2, 8, seed=5), rand(1, 7, 2, 8, seed=6)))
+    result = fa3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert isinstance(result, tuple) and len(result) == 2, "flash-attn 3 returns (out, softmax_lse)"
+    out, lse = result
+    want_out, want_lse = flashtile.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    loss = lambda o, l: (o * rand(*o.shape, seed=7)).sum() + l.sin().sum()  # noqa: E731
+    got = torch.autograd.grad(loss(out, lse), (q, k, v))
+    want = torch.autograd.grad(loss(want_out, want_lse), (q, k, v))
+    for name, a, b in zip("qkv", got, want):
+        assert torch.equal(a, b), f"d{name} through fa3.flash_attn_func differs from flashtile's"
+
+
+def test_varlen_positional_call_site_with_seqused_equals_flashtile():
+    cu_q = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
+    used_k = torch.tensor([4, 1, 7], dtype=torch.int32)
+    q, k, v = rand(10, 4, 16, seed=8), rand(13, 2, 16, seed=9), rand(13, 2, 16, seed=10)
+    got, got_lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 7, None, used_k, 0.25, True,
+                                              return_attn_probs=True)
+    want, want_lse = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 7, softmax_scale=0.25, causal=True,
+                                                      seqused_k=used_k, return_lse=True)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse), "fa3 varlen != flashtile's"
+
+
+def paged_case(dtype=torch.float32):
+    b, h, hkv, d, page = 2, 4, 2, 16, 4
+    k_cache, v_cache = rand(6, page, hkv, d, dtype=dtype, seed=11), rand(6, page, hkv, d, dtype=dtype, seed=12)
+    table = torch.tensor([[4, 1, 3], [0, 5, 2]], dtype=torch.int32)
+    seqlens = torch.tensor([5, 2], dtype=torch.int32)
+    q = rand(b, 2, h, d, dtype=dtype, seed=13)
+    k, v = rand(b, 2, hkv, d, dtype=dtype, seed=14), rand(b, 2, hkv, d, dtype=dtype, seed=15)
+    return q, k_cache, v_cache, k, v, table, seqlens
+
+
+def test_kvcache_positional_call_site_equals_flashtile():
+    q, k_cache, v_cache, k, v, table, seqlens = paged_case()
+    cos, sin = rand(16, 4, seed=16), rand(16, 4, seed=17)
+    caches = (k_cache.clone(), v_cache.clone())
+    got, got_lse, *rest = fa3.flash_attn_with_kvcache(
+        q, *caches, k, v, None, cos.float(), sin.float(), seqlens, None, None, table, None, None, None, None,
+        None, None, None, 0.2, True, (-1, -1), 0, 3.0, False, None, 0, None, 0, True)
+    want_caches = (k_cache.clone(), v_cache.clone())
+    want, want_lse = flashtile.flash_attn_with_kvcache(
+        q, *want_caches, k, v, cos.float(), sin.float(), seqlens, block_table=table, softmax_scale=0.2, causal=True,
+        softcap=3.0, rotary_interleaved=False, return_lse=True)
+    assert rest == [], "flashtile returns (out, lse); flash-attn 3 callers unpack extra buffers with *rest"
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse), "fa3 kvcache output != flashtile's"
+    for name, a, b in zip(("k_cache", "v_cache"), caches, want_caches):
+        assert torch.equal(a, b), f"{name} after the fa3 append differs from flashtile's"
+
+
+def fp8_qkv(b=2, sq=9, sk=12, h=4, hkv=2, d=16):
+    q, k, v = (rand(b, s, n, d, dtype=torch.float32, seed=20 + i).to(FP8) for i, (s, n) in enumerate(((sq, h), (sk, hkv), (sk, hkv))))
+    descales = [rand(b, hkv, dtype=torch.float32, seed=30 + i).abs() + 0.5 for i in range(3)]
+    return q, k, v, descales
+
+
+def test_fp8_forward_with_descales_equals_flashtile_and_none_means_one():
+    q, k, v, (qd, kd, vd) = fp8_qkv()
+    got = fa3.flash_attn_func(q, k, v, None, True, None, qd, kd, vd)
+    want = flashtile.flash_attn_func(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want), "fa3 FP8 forward != flashtile's"
+    ones = torch.ones_like(qd)
+    got = fa3.flash_attn_func(q, k, v, causal=True, k_descale=kd)
+    want = flashtile.flash_attn_func(q, k, v, causal=True, q_descale=ones, k_descale=kd, v_descale=ones)
+    assert torch.equal(got, want), "an FP8 descale left None must count as 1.0 (flash-attn 3)"
+
+
+def test_fp8_cache_takes_fp8_q_and_new_tokens_and_stores_their_bytes():
+    q16, k_cache16, v_cache16, k16, v16, table, seqlens = paged_case()
+    k_cache, v_cache = k_cache16.to(FP8), v_cache16.to(FP8)
+    q8, k8, v8 = q16.to(FP8), k16.to(FP8), v16.to(FP8)
+    qd, kd, vd = (rand(2, 2, dtype=torch.float32, seed=40 + i).abs() + 0.25 for i in range(3))
+    out, lse = fa3.flash_attn_with_kvcache(q8, k_cache, v_cache, k8, v8, cache_seqlens=seqlens, page_table=table,
+                                           q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
+                                           return_softmax_lse=True)
+    # The appended rows hold the new tokens' own bytes.
+    for b in range(2):
+        for t in range(2):
+            pos = int(seqlens[b]) + t
+            page, row = int(table[b, pos // 4]), pos % 4
+            for name, cache, new in (("k", k_cache, k8), ("v", v_cache, v8)):
+                assert torch.equal(cache[page, row].view(torch.uint8), new[b, t].view(torch.uint8)), \
+                    f"{name}_cache[{page}, {row}] (entry {b}, token {t}) is not the appended FP8 bytes"
+    # The output is flashtile's FP8-cache decode of q's real values (q8 x q_descale in bfloat16).
+    q_real = (q8.float() * qd.repeat_interleave(2, dim=1)[:, None, :, None]).to(torch.bfloat16)
+    want, want_lse = flashtile.flash_attn_with_kvcache(q_real, k_cache, v_cache, cache_seqlens=seqlens + 2,
+                                                       block_table=table, causal=True, k_descale=kd, v_descale=vd,
+                                                       return_lse=True)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_get_scheduler_metadata_is_a_hint_flashtile_does_not_need():
+    q, k_cache, v_cache, k, v, table, seqlens = paged_case()
+    meta = fa3.get_scheduler_metadata(2, 2, 12, 4, 2, 16, seqlens, torch.float32, page_size=4, causal=True)
+    assert meta is None
+    out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table,
+                                      scheduler_metadata=meta)
+    assert out.shape == (2, 2, 4, 16)
+
+
+@pytest.mark.parametrize("fn_name, kwargs, arg", [
+    ("flash_attn_func", dict(qv=rand(2, 9, 4, 8)), "qv"),
+    ("flash_attn_func", dict(attention_chunk=128), "attention_chunk"),
+    ("flash_attn_varlen_func", dict(attention_chunk=64), "attention_chunk"),
+    ("flash_attn_with_kvcache", dict(cu_seqlens_q=torch.tensor([0, 2, 4], dtype=torch.int32)), "cu_seqlens_q"),
+    ("flash_attn_with_kvcache", dict(cu_seqlens_k_new=torch.tensor([0, 2, 4], dtype=torch.int32)), "cu_seqlens_k_new"),
+    ("flash_attn_with_kvcache", dict(max_seqlen_q=2), "max_seqlen_q"),
+    ("flash_attn_with_kvcache", dict(rotary_seqlens=torch.tensor([1, 2], dtype=torch.int32)), "rotary_seqlens"),
+])
+def test_unimplemented_flash_attn_3_options_are_refused_naming_them(fn_name, kwargs, arg):
+    with pytest.raises(NotImplementedError, match=arg):
+        _call(fn_name, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, kind, arg", [
+    (dict(attention_chunk="64"), TypeError, "attention_chunk"),
+    (dict(pack_gqa=1), TypeError, "pack_gqa"),
+    (dict(sm_margin=-1), ValueError, "sm_margin"),
+    (dict(num_splits=1.5), TypeError, "num_splits"),
+    (dict(return_attn_probs=1), TypeError, "return_attn_probs"),
+])
+def test_hints_and_flags_are_type_checked(kwargs, kind, arg):
+    with pytest.raises(kind, match=arg):
+        _call("flash_attn_func", **kwargs)
+
+
+def test_kvcache_q_descale_without_fp8_is_refused():
+    with pytest.raises(ValueError, match="q_descale"):
+        _call("flash_attn_with_kvcache", q_descale=torch.ones(2, 2))
+
+
+def test_hints_do_not_change_results():
+    q, k, v = rand(2, 9, 4, 16, seed=1), rand(2, 11, 2, 16, seed=2), rand(2, 11, 2, 16, seed=3)
+    plain = fa3.flash_attn_func(q, k, v, causal=True)
+    hinted = fa3.flash_attn_func(q, k, v, causal=True, num_splits=4, pack_gqa=True, sm_margin=8)
+    assert torch.equal(plain, hinted)
+
+
+def _call(fn_name, **kwargs):
+    if fn_name == "flash_attn_func":
+        return fa3.flash_attn_func(rand(2, 9, 4, 16), rand(2, 11, 2, 16), rand(2, 11, 2, 16), **kwargs)
+    if fn_name == "flash_attn_varlen_func":
+        cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+        return fa3.flash_attn_varlen_func(rand(9, 4, 16), rand(9, 2, 16), rand(9, 2, 16), cu, cu, 5, 5, **kwargs)
+    q, k_cache, v_cache, k, v, table, seqlens = paged_case()
+    return fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, **kwargs)
+
+
+# --- flash-attn 2's remaining signature details -------------------------------------------------
+
+
+def test_varlen_block_table_is_flash_attn_2s_sixteenth_argument_and_refused():
+    params = positional(flashtile.flash_attn_varlen_func)
+    assert params[15] == "block_table", "flash-attn 2's varlen call has block_table 16th"
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    q, k, v = rand(9, 4, 16), rand(9, 2, 16), rand(9, 2, 16)
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, 0.0, None, True, (-1, -1), 0.0, None, False, False, None)
+    assert torch.equal(out, flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, causal=True))
+    with pytest.raises(NotImplementedError, match="block_table"):
+        flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_without_cache_seqlens_attends_to_the_whole_cache(paged):
+    q, k_cache, v_cache, _, _, table, _ = paged_case()
+    if paged:
+        full = table.shape[1] * k_cache.shape[1]
+        got = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, block_table=table, causal=True)
+        want = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=full, block_table=table, causal=True)
+    else:
+        k_cache, v_cache = rand(2, 7, 2, 16, dtype=torch.float32, seed=50), rand(2, 7, 2, 16, dtype=torch.float32, seed=51)
+        got = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True)
+        want = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=7, causal=True)
+    assert torch.equal(got, want), "cache_seqlens=None must mean every sequence fills the cache (flash-attn)"
+
+
+def test_kvcache_without_cache_seqlens_refuses_new_tokens():
+    q, k_cache, v_cache, k, v, table, _ = paged_case()
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, block_table=table)
+
+
+def test_kvcache_flash_attn_2_keywords():
+    q, k_cache, v_cache, _, _, table, seqlens = paged_case()
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                                 alibi_slopes=None, return_softmax_lse=True)
+    want = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                             return_lse=True)
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                         alibi_slopes=torch.ones(4))
+    with pytest.raises(TypeError, match="return_softmax_lse"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                         return_softmax_lse="yes")
+
+
+def test_compile_fullgraph_traces_the_fa3_call():
+    q, k, v = rand(1, 9, 2, 16, seed=60), rand(1, 12, 2, 16, seed=61), rand(1, 12, 2, 16, seed=62)
+    fn = lambda q, k, v: fa3.flash_attn_func(q, k, v, 0.3, True, return_attn_probs=True)  # noqa: E731
+    got = torch.compile(fn, fullgraph=True, backend="eager")(q, k, v)
+    want = fn(q, k, v)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), "the compiled fa3 call differs from eager"
