@@ -28,7 +28,9 @@ What each flash-attn 3 argument does here:
 ``pack_gqa, sm_margin,``                    scheduling hints of flash-attn 3's kernels:
 ``scheduler_metadata``                      checked for type, no effect on the result
 ``page_table``                              flashtile's ``block_table`` (any page size)
-``qv``, ``attention_chunk``,                not implemented: anything but None / 0 raises
+``attention_chunk``                         chunked local attention (``flashtile.chunked``);
+                                            varlen: not implemented
+``qv``, varlen ``attention_chunk``,         not implemented: anything but None / 0 raises
 ``cu_seqlens_q`` / ``cu_seqlens_k_new`` /   ``NotImplementedError`` naming the argument
 ``max_seqlen_q`` / ``rotary_seqlens``
 (kvcache)
@@ -91,13 +93,13 @@ def flash_attn_func(
     docstring and ``flashtile.flash_attn_func``.
     """
     fn = interface.FN
-    _reject_fa3_only(fn, qv=qv, attention_chunk=attention_chunk)
+    _reject_fa3_only(fn, qv=qv)
     _check_hints(fn, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin)
     check_flag(fn, "return_attn_probs", return_attn_probs)
     descales = _fp8_descales(q, k, q_descale, k_descale, v_descale, q.shape[0] if _is_tensor(q) else 0)
     return interface.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                      softcap=softcap, deterministic=deterministic, sinks=sinks,
-                                     return_lse=return_attn_probs, **descales)
+                                     return_lse=return_attn_probs, attention_chunk=attention_chunk, **descales)
 
 
 def flash_attn_varlen_func(
@@ -193,7 +195,7 @@ def flash_attn_with_kvcache(
     ``flashtile.flash_attn_with_kvcache``; FP8 as in the module docstring.
     """
     fn = kvcache.FN
-    _reject_fa3_only(fn, qv=qv, attention_chunk=attention_chunk, cu_seqlens_q=cu_seqlens_q,
+    _reject_fa3_only(fn, qv=qv, cu_seqlens_q=cu_seqlens_q,
                      cu_seqlens_k_new=cu_seqlens_k_new, max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens)
     _check_hints(fn, pack_gqa=pack_gqa, sm_margin=sm_margin)
     if scheduler_metadata is not None and not _is_tensor(scheduler_metadata):
@@ -206,7 +208,7 @@ def flash_attn_with_kvcache(
     return kvcache.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
         softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_softmax_lse,
-        k_descale, v_descale,
+        k_descale, v_descale, attention_chunk=attention_chunk,
     )
 
 
@@ -234,7 +236,8 @@ def _reject_fa3_only(fn: str, **options) -> None:
             fail(fn, TypeError, name, "an int (0 = off)", describe(value))
         why = {
             "qv": "the extra q . v score term of flash-attn 3's MLA kernels",
-            "attention_chunk": "chunked local attention",
+            "attention_chunk": "chunked attention over packed sequences: the chunks would need the sequence "
+                               "lengths on the host",
             "rotary_seqlens": "rotary positions other than cache_seqlens",
         }.get(name, "packed (varlen) queries or new tokens in the KV-cache call")
         raise NotImplementedError(f"{fn}: {name} is not supported ({why}); got {describe(value)}")

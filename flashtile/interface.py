@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from . import eager_plans, ops
+from . import chunked, eager_plans, ops
 from . import validation as V
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -146,6 +146,7 @@ def flash_attn_func(
     k_descale: Optional[torch.Tensor] = None,
     v_descale: Optional[torch.Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
+    attention_chunk: int = 0,
 ):
     """Exact attention, drop-in for ``flash_attn.flash_attn_func`` (flash-attn 2).
 
@@ -186,6 +187,11 @@ def flash_attn_func(
             then the reference).
         out_dtype: keyword only; FP8 inputs: torch.bfloat16 (default, None) or torch.float16.
             Other inputs: None (out is in q's dtype).
+        attention_chunk: keyword only, int >= 0 (flash-attn 3's name; Llama 4's
+            ``attention_chunk_size``): > 0 cuts the keys into chunks of this many positions
+            from key 0, and each query row sees only keys of its own chunk (its position
+            ``i + seqlen_k - seqlen_q`` decides the chunk), within the causal / window rule.
+            0 = off.  Runs as packed sequences, one per (entry, chunk): ``flashtile.chunked``.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype (FP8: ``out_dtype``); ``(out, lse)`` with
@@ -197,7 +203,8 @@ def flash_attn_func(
     # A repeated eager inference call runs its recorded plan (``eager_plans``: validated and
     # decided when its key was first seen); any other call takes the general path below.
     key = plan = None
-    if alibi_slopes is None and q_descale is None and k_descale is None and v_descale is None and out_dtype is None:
+    if (alibi_slopes is None and q_descale is None and k_descale is None and v_descale is None and out_dtype is None
+            and type(attention_chunk) is int and attention_chunk == 0):
         key = eager_plans.forward_key(q, k, v, sinks, dropout_p, softmax_scale, causal, window_size, softcap,
                                       deterministic, return_attn_probs, return_lse)
         if key is not None:
@@ -208,13 +215,16 @@ def flash_attn_func(
         V.check_flags(FN, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
                       return_lse=return_lse)
         validate(q, k, v, softmax_scale, window_size, sinks, softcap, fp8=(q_descale, k_descale, v_descale, out_dtype))
+        V.check_chunk(FN, attention_chunk)
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(q.shape[-1])
         left, right = normalize_window(causal, window_size)
-        result = ops.attention(
-            q, k, v, sinks, float(softmax_scale), left, right, float(softcap), bool(deterministic),
-            *fp8_options(q, q_descale, k_descale, v_descale, out_dtype),
-        )
+        args = (q, k, v, sinks, float(softmax_scale), left, right, float(softcap), bool(deterministic),
+                *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))
+        if attention_chunk and q.shape[1] and not chunked.within_one_chunk(q.shape[1], k.shape[1], attention_chunk):
+            result = chunked.attention(q, k, v, int(attention_chunk), *args[3:])
+        else:
+            result = ops.attention(*args)
         if key is not None and (plan is None or plan is eager_plans.SEEN):
             eager_plans.record_forward(key, q, k, v, sinks, float(softmax_scale), (left, right), float(softcap))
     out, lse = result

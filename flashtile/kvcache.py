@@ -33,7 +33,7 @@ from .fp8 import DTYPE as FP8
 from .fp8 import saturate
 from .interface import normalize_window
 from .lazy import lazy_module
-from .validation import (check_descales, check_flag, check_scale, check_sinks, check_softcap, check_window, describe, fail,
+from .validation import (check_chunk, check_descales, check_flag, check_scale, check_sinks, check_softcap, check_window, describe, fail,
                          is_int, reject_unsupported)
 
 FN = "flash_attn_with_kvcache"
@@ -422,6 +422,7 @@ def flash_attn_with_kvcache(
     *,
     alibi_slopes: None = None,
     return_softmax_lse: bool = False,
+    attention_chunk: int = 0,
 ):
     """Attention of ``q`` over a KV cache, appending new keys/values in place (decoding).
 
@@ -467,6 +468,10 @@ def flash_attn_with_kvcache(
         alibi_slopes: keyword only, flash-attn 2's name; must be None (NotImplementedError).
         return_softmax_lse: keyword only, flash-attn's name for ``return_lse`` (either returns
             lse).
+        attention_chunk: keyword only, int >= 0 (flash-attn 3; Llama 4's chunked layers): > 0
+            restricts each query token to the keys of its own chunk of this many positions
+            from cache position 0 (``flashtile.chunked``).  With more than one query token it
+            needs ``causal=True`` (each token then runs as its own one-row call).
 
     flash-attn 2's positional order up to ``window_size``; after it flash-attn 2 has
     ``softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse`` where this
@@ -478,11 +483,15 @@ def flash_attn_with_kvcache(
     """
     reject_unsupported(FN, alibi_slopes=alibi_slopes)
     check_flag(FN, "return_softmax_lse", return_softmax_lse)
+    check_chunk(FN, attention_chunk)
     if return_softmax_lse and return_lse is False:  # either name asks for lse (a bad return_lse: validate names it)
         return_lse = True
     validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_lse,
              k_descale, v_descale)
+    if attention_chunk and q.shape[1] > 1 and causal is not True:
+        raise NotImplementedError(f"{FN}: attention_chunk with more than one query token needs causal=True "
+                                  f"(got seqlen_q={q.shape[1]}, causal={causal})")
     if cache_seqlens is None:  # the whole cache (validate refused it with new tokens)
         cache_seqlens = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
     if not isinstance(cache_seqlens, torch.Tensor):
@@ -513,10 +522,39 @@ def flash_attn_with_kvcache(
                 append = append_kv if direct else kvcache_append
                 append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, k_descale, v_descale)
             seqlens_k = cache_seqlens + snew if snew else cache_seqlens
+
+    def attend(q, seqlens_k, leftpad):
+        args = (q, k_cache, v_cache, seqlens_k, cache_batch_idx, leftpad, block_table, sinks, float(softmax_scale),
+                left, right, float(softcap), int(num_splits), k_descale, v_descale)
         if direct:
-            out, lse = _attend(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
-                               float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
-    if not direct:
-        out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens_k, cache_batch_idx, cache_leftpad, block_table, sinks,
-                               float(softmax_scale), left, right, float(softcap), int(num_splits), k_descale, v_descale)
+            with torch.no_grad():
+                return _attend(*args)
+        return kvcache_fwd(*args)
+
+    if attention_chunk:
+        out, lse = attend_chunked(attend, q, seqlens_k, cache_leftpad, int(attention_chunk))
+    else:
+        out, lse = attend(q, seqlens_k, cache_leftpad)
     return (out, lse) if return_lse else out
+
+
+def attend_chunked(attend, q, seqlens_k, cache_leftpad, chunk: int):
+    """(out, lse) with chunks of ``chunk`` cache positions: query token t of entry b sits at
+    position ``pos = seqlens_k[b] - seqlen_q + t`` and sees the keys of its chunk up to itself,
+    ``[max(cache_leftpad, chunk * floor(pos / chunk)), pos]``: a left pad of its own, computed on
+    the device (no sync; CUDA-graph safe).  One ``attend`` call when seqlen_q is 1 (its keys end
+    where the sequence does, causal or not), else one per token (causal, validated)."""
+    sq = q.shape[1]
+    outs, lses = [], []
+    for t in range(sq):
+        pos = seqlens_k - (sq - t)
+        lens = (pos + 1).clamp(min=0)
+        start = torch.div(pos, chunk, rounding_mode="floor") * chunk
+        leftpad = start.clamp(min=0) if cache_leftpad is None else torch.maximum(start, cache_leftpad)
+        leftpad = torch.minimum(leftpad, lens)  # a token before the caller's left pad sees nothing
+        out, lse = attend(q[:, t : t + 1], lens.to(torch.int32), leftpad.to(torch.int32))
+        outs.append(out)
+        lses.append(lse)
+    if sq == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)

@@ -121,6 +121,14 @@ def check_window(fn: str, window_size, name: str = "window_size") -> None:
             fail(fn, ValueError, f"{name} {side}", ">= -1 (-1 = unbounded)", w)
 
 
+def check_chunk(fn: str, value, name: str = "attention_chunk") -> None:
+    """A chunk size: an int >= 0 (0 = no chunking)."""
+    if not is_int(value):
+        fail(fn, TypeError, name, "an int >= 0 (0 = off)", describe(value))
+    if value < 0:
+        fail(fn, ValueError, name, ">= 0 (0 = off)", value)
+
+
 def check_tensor(fn: str, name: str, x, rank: int, layout: str, dtypes) -> None:
     """A ``rank``-D torch.Tensor (``layout`` names its dims in messages) of one of ``dtypes``."""
     if not isinstance(x, torch.Tensor):

@@ -52,7 +52,8 @@ def test_positional_order_is_flash_attn_2s_and_extras_are_keyword_only():
     positional = [n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
     assert positional == FA2_ORDER
     fp8 = {"q_descale", "k_descale", "v_descale", "out_dtype"}  # flash-attn 3's FP8 keywords (tests/test_fp8.py)
-    assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {"sinks", "return_lse"} | fp8
+    chunk = {"attention_chunk"}  # flash-attn 3's chunked attention (tests/test_chunked.py)
+    assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {"sinks", "return_lse"} | fp8 | chunk
     assert params["dropout_p"].default == 0.0 and params["window_size"].default == (-1, -1)
 
 

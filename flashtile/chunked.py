@@ -1,0 +1,89 @@
+"""Chunked local attention (``attention_chunk``; Llama 4's ``attention_chunk_size``) as packed sequences.
+
+The keys are cut into chunks of ``C`` positions from key 0.  Query row ``i`` sits at key
+position ``p = i + seqlen_k - seqlen_q`` (bottom-right alignment, as every mask here) and sees
+only keys of its own chunk, ``[C * floor(p / C), C * floor(p / C) + C)``, intersected with the
+causal / window rule around ``p``.  Chunks never exchange information, so each (batch entry,
+chunk) is a sequence of its own, and the whole call is one ``flash_attn_varlen_func`` over
+them: no new kernel, no mask in the kernels.  C = 4, seqlen_q = seqlen_k = 10, causal::
+
+         k0 k1 k2 k3 | k4 k5 k6 k7 | k8 k9        sequences (per batch entry):
+    q0   x  .  .  .  |             |              chunk 0: q0..q3 over k0..k3
+    q1   x  x  .  .  |             |              chunk 1: q4..q7 over k4..k7
+    q2   x  x  x  .  |             |              chunk 2: q8..q9 over k8..k9
+    q3   x  x  x  x  |             |
+    q4               | x  .  .  .  |
+    q5               | x  x  .  .  |
+    q6               | x  x  x  .  |
+    q7               | x  x  x  x  |
+    q8               |             | x  .
+    q9               |             | x  x
+
+Within a chunk the last query row and the last key share a position (both end where the chunk
+or the sequence ends), so the packed call's per-sequence bottom-right alignment puts every row
+at its own ``p``: the window and causal rules mean the same inside the chunk.  Rows before key 0
+(``seqlen_q > seqlen_k``) fall in negative chunks, which hold no key: zeros and lse -inf (or
+the sink), as rows that see no key always do.  Query and key tokens stay where they are (the
+packed layout is a view of the dense one), and the sequence offsets depend only on the shapes,
+so they are host integers: no device sync, CUDA-graph safe, and new chunk layouts only cost
+the offsets' host-to-device copy once per shape (memoised).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+
+def chunk_lengths(seqlen_q: int, seqlen_k: int, chunk: int) -> tuple[list[int], list[int]]:
+    """Query and key counts of each chunk of one batch entry, in token order (they sum to
+    ``seqlen_q`` and ``seqlen_k``).  ``seqlen_q >= 1``, ``chunk >= 1``."""
+    off = seqlen_k - seqlen_q  # key position of query row 0
+    first = min(off // chunk, 0)  # chunks from the first query row's (negative: no keys) or key 0's
+    last = max((seqlen_k - 1) // chunk, first)
+    lens_q, lens_k = [], []
+    for c in range(first, last + 1):
+        lo, hi = c * chunk, min((c + 1) * chunk, seqlen_k)
+        lens_q.append(max(0, hi - max(lo, off)))
+        lens_k.append(max(0, hi - max(lo, 0)))
+    return lens_q, lens_k
+
+
+def within_one_chunk(seqlen_q: int, seqlen_k: int, chunk: int) -> bool:
+    """Every query row and every key in chunk 0: the chunk changes nothing."""
+    return seqlen_k <= chunk and seqlen_q <= seqlen_k
+
+
+@functools.lru_cache(maxsize=256)
+def packed_offsets(batch: int, seqlen_q: int, seqlen_k: int, chunk: int, device: torch.device):
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, chunks per entry) of the
+    packed call: int32 offsets on ``device`` over ``batch`` entries' chunks in order."""
+    lens_q, lens_k = chunk_lengths(seqlen_q, seqlen_k, chunk)
+    cu = torch.zeros(2, batch * len(lens_q) + 1, dtype=torch.int32)
+    cu[0, 1:] = torch.tensor(lens_q * batch).cumsum(0)
+    cu[1, 1:] = torch.tensor(lens_k * batch).cumsum(0)
+    cu = cu.to(device)
+    return cu[0], cu[1], max(lens_q), max(lens_k), len(lens_q)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, chunk: int, sinks, softmax_scale: float, left: int, right: int,
+              softcap: float, deterministic: bool, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+    """Differentiable (out (batch, seqlen_q, nheads, headdim_v), lse (batch, nheads, seqlen_q))
+    of dense q, k, v with chunks of ``chunk`` keys (validated arguments; ``left`` / ``right``
+    with causal folded in; FP8 descales (batch, nheads_kv) as in ``flash_attn_func``)."""
+    from . import varlen  # imports interface, which imports this module
+
+    b, sq, h, _ = q.shape
+    sk, dv = k.shape[1], v.shape[-1]
+    # Traced: the offsets are graph constants (dynamo would trace through the memo anyway).
+    offsets = packed_offsets.__wrapped__ if torch.compiler.is_compiling() else packed_offsets
+    cu_q, cu_k, max_q, max_k, n = offsets(b, sq, sk, chunk, q.device)
+    if q_descale is not None:  # one row per sequence: entry e's chunks share its descales
+        q_descale, k_descale, v_descale = (x.repeat_interleave(n, dim=0) for x in (q_descale, k_descale, v_descale))
+    o = varlen.Options(cu_q, cu_k, None, None, max_q, max_k, sinks, softmax_scale, left, right, softcap,
+                       deterministic, q_descale, k_descale, v_descale, out_dtype)
+    out, lse = varlen.varlen_attention(q.reshape(b * sq, h, -1), k.reshape(b * sk, *k.shape[2:]),
+                                       v.reshape(b * sk, *v.shape[2:]), o)
+    return out.reshape(b, sq, h, dv), lse.reshape(h, b, sq).transpose(0, 1).contiguous()
