@@ -222,8 +222,31 @@ def _err(a, b):
 
 @pytest.mark.parametrize("c", GRID, ids=lambda c: c.id)
 def test_kernel_matches_reference(c: C):
+    check_against_reference(c)
+
+
+# Chunked attention (``attention_chunk``): each query token's chunk start becomes its left pad
+# (``kvcache.attend_chunked``); one token, and several with a call per token, where the chunk
+# sizes put a chunk boundary between the tokens of entry 1 (positions 746..749 and 748..749).
+# The structures of grid cases.
+CHUNKED_CASES = [
+    (C(batch=3, length=1000, page=16), 192),
+    (C(batch=3, length=1000, sq=4, snew=4, h=32, hkv=8, page=16), 748),
+    (C(batch=3, length=1000, sq=2, snew=2, leftpad=True, page=64), 749),
+]
+
+
+@pytest.mark.parametrize("c, chunk", CHUNKED_CASES, ids=lambda x: x.id if isinstance(x, C) else f"chunk{x}")
+def test_chunked_attention_matches_reference(c: C, chunk: int):
+    check_against_reference(c, attention_chunk=chunk)
+
+
+def check_against_reference(c: C, **extra):
+    """The kernel's out and lse against the CPU reference in float32 and in c's dtype (the rule
+    in the module docstring), and the caches after the append against the reference's."""
     q, kw, sinks = make_inputs(c)
-    args = dict(causal=c.causal, window_size=c.window, softcap=c.softcap, rotary_interleaved=c.rotary != "halves", return_lse=True)
+    args = dict(causal=c.causal, window_size=c.window, softcap=c.softcap, rotary_interleaved=c.rotary != "halves",
+                return_lse=True, **extra)
     kw32, kwlp = _to(kw, "cpu", True), _to(kw, "cpu", False)
     s_cpu = None if sinks is None else sinks.cpu()
     with debug.poison():

@@ -346,3 +346,33 @@ def test_content_checks_opt_in_on_cuda(monkeypatch):
     monkeypatch.setenv("FLASHTILE_CHECK_SEQLENS", "1")
     with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\]"):
         flash_attn_varlen_func(q, q, q, bad_cu, cu_k, 6, 6)
+
+
+@pytest.mark.parametrize("sq, sk, chunk, causal, window", [
+    (1000, 1000, 256, True, (-1, -1)),   # Llama 4's pattern: causal inside each chunk
+    (700, 1000, 129, False, (100, 50)),  # rows start mid-chunk; a chunk size that is no tile multiple
+], ids=["causal", "window-offset"])
+def test_chunked_attention_vs_reference(sq, sk, chunk, causal, window):
+    """``attention_chunk`` on CUDA: the packed kernels over one sequence per (entry, chunk)
+    (``flashtile/chunked.py``), forward and backward, against the CPU path in float32 and bf16
+    with the flash-attn rule (bf16 d=128, the structures of this file's grid)."""
+    import flashtile
+
+    q = torch.randn(2, sq, 8, 128, device="cuda", dtype=BF16)
+    k, v = (torch.randn(2, sk, 2, 128, device="cuda", dtype=BF16) for _ in range(2))
+    dout = torch.randn_like(q)
+    opts = dict(causal=causal, window_size=window, attention_chunk=chunk, return_lse=True)
+
+    def run(q, k, v, dout, dtype=None):
+        leaves = [x.detach().clone().to(dtype or x.dtype).requires_grad_(True) for x in (q, k, v)]
+        out, lse = flashtile.flash_attn_func(*leaves, **opts)
+        torch.autograd.backward([out], [dout.to(out.dtype)])
+        return (out.detach(), lse.detach()) + tuple(x.grad for x in leaves) + (None,)
+
+    with debug.poison():
+        got = run(q, k, v, dout)
+        torch.cuda.synchronize()
+    lp = run(*(x.cpu() for x in (q, k, v, dout)))
+    r32 = run(*(x.cpu() for x in (q, k, v, dout)), dtype=torch.float32)
+    fails = rule_failures("chunked", tuple(None if x is None else x.cpu() for x in got), lp, r32)
+    assert not fails, "\n".join(fails)
