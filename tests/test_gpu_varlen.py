@@ -348,31 +348,46 @@ def test_content_checks_opt_in_on_cuda(monkeypatch):
         flash_attn_varlen_func(q, q, q, bad_cu, cu_k, 6, 6)
 
 
-@pytest.mark.parametrize("sq, sk, chunk, causal, window", [
-    (1000, 1000, 256, True, (-1, -1)),   # Llama 4's pattern: causal inside each chunk
-    (700, 1000, 129, False, (100, 50)),  # rows start mid-chunk; a chunk size that is no tile multiple
-], ids=["causal", "window-offset"])
-def test_chunked_attention_vs_reference(sq, sk, chunk, causal, window):
+@pytest.mark.parametrize("sq, sk, chunk, causal, window, sinks", [
+    (1000, 1000, 256, True, (-1, -1), False),  # Llama 4's pattern: causal inside each chunk
+    (700, 1000, 129, False, (100, 50), True),  # rows start mid-chunk; a chunk size that is no tile multiple
+], ids=["causal", "window-offset-sinks"])
+def test_chunked_attention_vs_reference(sq, sk, chunk, causal, window, sinks):
     """``attention_chunk`` on CUDA: the packed kernels over one sequence per (entry, chunk)
-    (``flashtile/chunked.py``), forward and backward, against the CPU path in float32 and bf16
-    with the flash-attn rule (bf16 d=128, the structures of this file's grid)."""
+    (``flashtile/chunked.py``), forward and backward (through out and lse), against the CPU path
+    in float32 and bf16 with the flash-attn rule.  bf16 d=128 with the structures of this
+    file's grid: causal (seed 0; its backward without an lse gradient) and the two-sided window
+    with sinks and an lse gradient (seed 5)."""
     import flashtile
 
     q = torch.randn(2, sq, 8, 128, device="cuda", dtype=BF16)
     k, v = (torch.randn(2, sk, 2, 128, device="cuda", dtype=BF16) for _ in range(2))
+    s = torch.randn(8, device="cuda", dtype=BF16) if sinks else None
     dout = torch.randn_like(q)
     opts = dict(causal=causal, window_size=window, attention_chunk=chunk, return_lse=True)
 
-    def run(q, k, v, dout, dtype=None):
-        leaves = [x.detach().clone().to(dtype or x.dtype).requires_grad_(True) for x in (q, k, v)]
-        out, lse = flashtile.flash_attn_func(*leaves, **opts)
-        torch.autograd.backward([out], [dout.to(out.dtype)])
-        return (out.detach(), lse.detach()) + tuple(x.grad for x in leaves) + (None,)
+    dlse = torch.linspace(-1, 1, 2 * 8 * sq).view(2, 8, sq) if sinks else None  # rows without keys: lse = sink
+
+    def run(q, k, v, s, dout, dtype=None):
+        leaves = [None if x is None else x.detach().clone().to(dtype or x.dtype).requires_grad_(True) for x in (q, k, v, s)]
+        out, lse = flashtile.flash_attn_func(*leaves[:3], sinks=leaves[3], **opts)
+        outputs, grads = [out], [dout.to(out.dtype)]
+        if dlse is not None:
+            outputs.append(lse), grads.append(dlse.to(lse.device))
+        torch.autograd.backward(outputs, grads)
+        return (out.detach(), lse.detach()) + tuple(None if x is None else x.grad for x in leaves)
 
     with debug.poison():
-        got = run(q, k, v, dout)
+        got = run(q, k, v, s, dout)
         torch.cuda.synchronize()
-    lp = run(*(x.cpu() for x in (q, k, v, dout)))
-    r32 = run(*(x.cpu() for x in (q, k, v, dout)), dtype=torch.float32)
-    fails = rule_failures("chunked", tuple(None if x is None else x.cpu() for x in got), lp, r32)
+    cpu = [None if x is None else x.cpu() for x in (q, k, v, s, dout)]
+    lp, r32 = run(*cpu), run(*cpu, dtype=torch.float32)
+    sink_err = None
+    if sinks:  # as dsinks_ref_err: dsinks sums exp(sink - lse) * Delta over rows, Delta from each out
+        def delta(out):
+            return (cpu[4].float() * out.float()).sum(-1).transpose(1, 2) - dlse
+
+        weight = torch.exp(cpu[3].float()[None, :, None] - r32[1])
+        sink_err = float((weight * (delta(lp[0]) - delta(r32[0])).abs()).sum(dim=(0, 2)).max())
+    fails = rule_failures("chunked", tuple(None if x is None else x.cpu() for x in got), lp, r32, sink_err)
     assert not fails, "\n".join(fails)
