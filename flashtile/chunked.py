@@ -84,6 +84,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, chunk: int, sinks, softmax_scale:
         q_descale, k_descale, v_descale = (x.repeat_interleave(n, dim=0) for x in (q_descale, k_descale, v_descale))
     o = varlen.Options(cu_q, cu_k, None, None, max_q, max_k, sinks, softmax_scale, left, right, softcap,
                        deterministic, q_descale, k_descale, v_descale, out_dtype)
-    out, lse = varlen.varlen_attention(q.reshape(b * sq, h, -1), k.reshape(b * sk, *k.shape[2:]),
+    out, lse = varlen.varlen_attention(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
                                        v.reshape(b * sk, *v.shape[2:]), o)
     return out.reshape(b, sq, h, dv), lse.reshape(h, b, sq).transpose(0, 1).contiguous()

@@ -221,7 +221,7 @@ def flash_attn_func(
         left, right = normalize_window(causal, window_size)
         args = (q, k, v, sinks, float(softmax_scale), left, right, float(softcap), bool(deterministic),
                 *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))
-        if attention_chunk and q.shape[1] and not chunked.within_one_chunk(q.shape[1], k.shape[1], attention_chunk):
+        if attention_chunk and q.numel() and not chunked.within_one_chunk(q.shape[1], k.shape[1], attention_chunk):
             result = chunked.attention(q, k, v, int(attention_chunk), *args[3:])
         else:
             result = ops.attention(*args)

@@ -545,6 +545,8 @@ def attend_chunked(attend, q, seqlens_k, cache_leftpad, chunk: int):
     the device (no sync; CUDA-graph safe).  One ``attend`` call when seqlen_q is 1 (its keys end
     where the sequence does, causal or not), else one per token (causal, validated)."""
     sq = q.shape[1]
+    if sq == 0:
+        return attend(q, seqlens_k, cache_leftpad)
     outs, lses = [], []
     for t in range(sq):
         pos = seqlens_k - (sq - t)

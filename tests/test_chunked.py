@@ -205,6 +205,14 @@ def test_kvcache_matches_oracle(case, paged):
     assert_matches(out, lse, want_out, want_lse, f"flash_attn_with_kvcache(attention_chunk) {case}")
 
 
+@pytest.mark.parametrize("b, sq", [(0, 1), (2, 0), (0, 0)])
+def test_kvcache_empty_batch_or_queries(b, sq):
+    q, cache = rand(b, sq, 2, 8, seed=1), rand(b, 16, 2, 8, seed=2)
+    out, lse = flashtile.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=9, causal=True,
+                                                 attention_chunk=4, return_lse=True)
+    assert out.shape == (b, sq, 2, 8) and lse.shape == (b, 2, sq)
+
+
 def test_kvcache_several_tokens_need_causal():
     q = rand(1, 2, 2, 8, seed=1)
     cache = rand(1, 16, 2, 8, seed=2)

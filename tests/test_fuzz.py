@@ -59,12 +59,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # --- the float64 oracle -------------------------------------------------------------------------
 
 
-def visible(sq: int, sk: int, left: int, right: int, off: Optional[int] = None) -> torch.Tensor:
-    """(sq, sk) bool: row i sees key j when ``i + off - left <= j <= i + off + right``."""
+def visible(sq: int, sk: int, left: int, right: int, off: Optional[int] = None, chunk: int = 0,
+            base: int = 0) -> torch.Tensor:
+    """(sq, sk) bool: row i sees key j when ``i + off - left <= j <= i + off + right`` (and, with
+    ``chunk``, when ``(base + i + off) // chunk == (base + j) // chunk``: key j at position
+    ``base + j``)."""
     off = sk - sq if off is None else off
     i = torch.arange(sq)[:, None]
     j = torch.arange(sk)[None, :]
     vis = torch.ones(sq, sk, dtype=torch.bool)
+    if chunk:
+        vis &= (base + i + off) // chunk == (base + j) // chunk
     if right >= 0:
         vis &= j <= i + off + right
     if left >= 0:
@@ -72,17 +77,17 @@ def visible(sq: int, sk: int, left: int, right: int, off: Optional[int] = None) 
     return vis
 
 
-def oracle_scores(q, k, scale, softcap, left, right, off=None):
+def oracle_scores(q, k, scale, softcap, left, right, off=None, chunk=0, base=0):
     """(b, h, sq, sk) float64 scores after softcap and mask (masked: -inf)."""
     h, hkv = q.shape[2], k.shape[2]
     kx = k.repeat_interleave(h // hkv, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, kx) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    return s.masked_fill(~visible(q.shape[1], k.shape[1], left, right, off), -INF)
+    return s.masked_fill(~visible(q.shape[1], k.shape[1], left, right, off, chunk, base), -INF)
 
 
-def oracle(q, k, v, scale, left=-1, right=-1, sinks=None, softcap=0.0, off=None):
+def oracle(q, k, v, scale, left=-1, right=-1, sinks=None, softcap=0.0, off=None, chunk=0, base=0):
     """Naive attention, (b, sq, h, d) layout; differentiable.  Returns out, lse (b, h, sq).
 
     Rows that see no key (and no sink) output 0 with lse -inf; a sink adds exp(sink) to the
@@ -90,7 +95,7 @@ def oracle(q, k, v, scale, left=-1, right=-1, sinks=None, softcap=0.0, off=None)
     """
     b, sq, h, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    s = oracle_scores(q, k, scale, softcap, left, right, off)
+    s = oracle_scores(q, k, scale, softcap, left, right, off, chunk, base)
     logits = s if sinks is None else torch.cat([s, sinks[None, :, None, None].expand(b, h, sq, 1)], dim=-1)
     if logits.shape[-1]:
         m = logits.detach().amax(dim=-1)
@@ -247,9 +252,9 @@ def tolerance(c: Case, ref: torch.Tensor, score_max: float) -> float:
     return 300 * eps * (1 + score_max) * (1 + mag) * max(1, c.d, c.dv) ** 0.5
 
 
-def score_max(x64: Inputs, c: Case, off=None) -> float:
+def score_max(x64: Inputs, c: Case, off=None, chunk=0, base=0) -> float:
     with torch.no_grad():
-        s = oracle_scores(x64.q, x64.k, c.softmax_scale, c.softcap, c.window[0], c.right, off)
+        s = oracle_scores(x64.q, x64.k, c.softmax_scale, c.softcap, c.window[0], c.right, off, chunk, base)
         s = s[s.isfinite()]
         return s.abs().max().item() if s.numel() else 0.0
 
@@ -266,11 +271,11 @@ def assert_close(got, want, tol, what):
         assert err <= tol, f"{what}: max abs error {err:.3g} > tol {tol:.3g}"
 
 
-def check_against_oracle(c: Case, x: Inputs, out, lse, off=None, check_lse=True):
+def check_against_oracle(c: Case, x: Inputs, out, lse, off=None, check_lse=True, chunk=0):
     """Compare (out, lse) and the gradients of x's leaves with the float64 oracle."""
     x64 = as_f64_leaves(x)
-    o_ref, l_ref = oracle(x64.q, x64.k, x64.v, c.softmax_scale, c.window[0], c.right, x64.sinks, c.softcap, off)
-    smax = score_max(x64, c, off)
+    o_ref, l_ref = oracle(x64.q, x64.k, x64.v, c.softmax_scale, c.window[0], c.right, x64.sinks, c.softcap, off, chunk)
+    smax = score_max(x64, c, off, chunk)
     assert out.dtype == c.dtype
     assert_close(out, o_ref, tolerance(c, o_ref, smax), "out")
     if check_lse:
@@ -305,6 +310,16 @@ def test_flash_attn_func_matches_oracle(c):
     check_against_oracle(c, x, out, lse)
     for t, t0 in zip(leaves(x), before):  # inputs are never modified
         assert torch.equal(t.detach(), t0)
+
+
+@given(cases(), st.integers(1, 9))
+def test_chunked_attention_matches_oracle(c, chunk):
+    """``attention_chunk``: the oracle with the chunk rule in its mask (no decomposition)."""
+    note((c, chunk))
+    x = make_inputs(c)
+    out, lse = flash(c, x, attention_chunk=chunk)
+    assert out.shape == (c.b, c.sq, c.h, c.dv) and lse.shape == (c.b, c.h, c.sq)
+    check_against_oracle(c, x, out, lse, chunk=chunk)
 
 
 @given(cases())
@@ -662,6 +677,7 @@ class KvCase:
     rotary: Optional[str]  # None, "interleaved", "halves"
     rotary_dim: int
     num_splits: int
+    chunk: int = 0  # attention_chunk (0: off); several query tokens only when causal
 
 
 @st.composite
@@ -680,8 +696,11 @@ def kvcache_cases(draw):
     assume_ok = rotary is None or c.d >= 2
     if not assume_ok:
         rotary, rotary_dim = None, 0
+    chunk = draw(st.sampled_from([0, 0, 1, 2, 3, 5]))
+    if c.sq > 1 and not c.causal:
+        chunk = 0
     return KvCase(c, s_new, lens, leftpad, draw(st.integers(0, 3)), page, spare, rotary, rotary_dim,
-                  draw(st.sampled_from([0, 1, 2, 3])))
+                  draw(st.sampled_from([0, 1, 2, 3])), chunk)
 
 
 def rotate(x, cos, sin, positions, interleaved):
@@ -727,7 +746,8 @@ def test_kvcache_append_equals_attention_over_concatenation(kc):
     idx = torch.arange(c.b) if batch_idx is None else batch_idx.long()
     kw = dict(cache_seqlens=torch.tensor(lens, dtype=torch.int32), softmax_scale=c.scale, causal=c.causal,
               window_size=c.window, softcap=c.softcap, num_splits=kc.num_splits, return_lse=True, sinks=sinks,
-              cache_batch_idx=batch_idx, cache_leftpad=None if kc.leftpad is None else torch.tensor(kc.leftpad, dtype=torch.int32))
+              cache_batch_idx=batch_idx, cache_leftpad=None if kc.leftpad is None else torch.tensor(kc.leftpad, dtype=torch.int32),
+              attention_chunk=kc.chunk)
     if s_new:
         kw.update(k=k_new, v=v_new)
     per_token = c.causal or c.window != (-1, -1)
@@ -781,10 +801,11 @@ def test_kvcache_append_equals_attention_over_concatenation(kc):
             torch.testing.assert_close(k_after[b].to(F64), want_k, rtol=1e-5 if c32 else 1e-12, atol=1e-5 if c32 else 1e-12)
         kb, vb = want_k[None, lp : n + s_new], want_v[None, lp : n + s_new].to(F64)
         s64 = None if sinks is None else sinks.to(F64)
-        o_ref, l_ref = oracle(q64[b : b + 1], kb, vb, c.softmax_scale, c.window[0], c.right, s64, c.softcap)
+        o_ref, l_ref = oracle(q64[b : b + 1], kb, vb, c.softmax_scale, c.window[0], c.right, s64, c.softcap,
+                              chunk=kc.chunk, base=lp)
         c1 = replace_case(c, b=1, sk=kb.shape[1])
         x64 = Inputs(q64[b : b + 1], kb, vb, s64, torch.zeros(1), torch.zeros(1))
-        smax = score_max(x64, c1)
+        smax = score_max(x64, c1, chunk=kc.chunk, base=lp)
         rot = 10 if kc.rotary else 1  # q and k are rounded after the rotation
         assert_close(out[b : b + 1], o_ref, rot * tolerance(c1, o_ref, smax), f"entry {b} out")
         assert_close(lse[b : b + 1], l_ref, rot * tolerance(c1, l_ref, smax), f"entry {b} lse")
