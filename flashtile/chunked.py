@@ -87,3 +87,62 @@ def attention(q: Tensor, k: Tensor, v: Tensor, chunk: int, sinks, softmax_scale:
     out, lse = varlen.varlen_attention(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
                                        v.reshape(b * sk, *v.shape[2:]), o)
     return out.reshape(b, sq, h, dv), lse.reshape(h, b, sq).transpose(0, 1).contiguous()
+
+
+# --- packed batches ---------------------------------------------------------------------------
+
+
+def varlen_sequences(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_q, seqused_k, max_seqlen_q: int,
+                     max_seqlen_k: int, chunk: int):
+    """The chunk sequences of a packed batch, computed on the device from its offsets (no sync):
+    (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, slots per
+    sequence).
+
+    Sequence b gets ``slots`` consecutive chunk sequences, a number the host bounds from the
+    max lengths (``ceil(max_q / C) + ceil(max_k / C) + 1``): its chunks from the first query
+    row's (negative ones hold no key) to the last key's, then empty ones.  With ``seqused_*``
+    one more sequence per b holds the segment's unused tail (seqused 0), so every token keeps
+    its place."""
+    lens_q_seg, lens_k_seg = cu_seqlens_q[1:] - cu_seqlens_q[:-1], cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    used_q = lens_q_seg if seqused_q is None else seqused_q
+    used_k = lens_k_seg if seqused_k is None else seqused_k
+    slots = -(-max_seqlen_q // chunk) + -(-max_seqlen_k // chunk) + 1
+    off = (used_k - used_q).long()[:, None]  # key position of each sequence's query row 0
+    first = torch.minimum(torch.div(off, chunk, rounding_mode="floor"), torch.zeros_like(off))
+    c = first + torch.arange(slots, device=off.device)[None, :]  # (batch, slots) chunk indices
+    lo = c * chunk
+    hi = torch.minimum(lo + chunk, used_k.long()[:, None])
+    len_q = (hi - torch.maximum(lo, off)).clamp(min=0)  # slots past the last key: hi <= lo, empty
+    len_k = (hi - lo.clamp(min=0)).clamp(min=0)
+    tails = seqused_q is not None or seqused_k is not None
+    if tails:  # the unused tail of each segment: a sequence that uses none of its tokens
+        len_q = torch.cat([len_q, (lens_q_seg - used_q).long()[:, None]], dim=1)
+        len_k = torch.cat([len_k, (lens_k_seg - used_k).long()[:, None]], dim=1)
+
+    def offsets(lengths):
+        return torch.nn.functional.pad(lengths.flatten().cumsum(0), (1, 0)).to(torch.int32)
+
+    su_q = su_k = None
+    if tails:
+        keep = torch.ones_like(len_q)
+        keep[:, -1] = 0
+        su_q, su_k = (len_q * keep).flatten().to(torch.int32), (len_k * keep).flatten().to(torch.int32)
+    return (offsets(len_q), offsets(len_k), su_q, su_k, min(chunk, max_seqlen_q), min(chunk, max_seqlen_k),
+            slots + tails)
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, chunk: int, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                     max_seqlen_q: int, max_seqlen_k: int, sinks, softmax_scale: float, left: int, right: int,
+                     softcap: float, deterministic: bool, q_descale=None, k_descale=None, v_descale=None,
+                     out_dtype=None):
+    """Differentiable (out (total_q, nheads, headdim_v), lse (nheads, total_q)) of a packed batch
+    with chunks of ``chunk`` keys per sequence (validated arguments, as ``attention``)."""
+    from . import varlen  # imports interface, which imports this module
+
+    cu_q, cu_k, su_q, su_k, max_q, max_k, per_seq = varlen_sequences(
+        cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, chunk)
+    if q_descale is not None:
+        q_descale, k_descale, v_descale = (x.repeat_interleave(per_seq, dim=0) for x in (q_descale, k_descale, v_descale))
+    o = varlen.Options(cu_q, cu_k, su_q, su_k, max_q, max_k, sinks, softmax_scale, left, right, softcap,
+                       deterministic, q_descale, k_descale, v_descale, out_dtype)
+    return varlen.varlen_attention(q, k, v, o)

@@ -28,9 +28,8 @@ What each flash-attn 3 argument does here:
 ``pack_gqa, sm_margin,``                    scheduling hints of flash-attn 3's kernels:
 ``scheduler_metadata``                      checked for type, no effect on the result
 ``page_table``                              flashtile's ``block_table`` (any page size)
-``attention_chunk``                         chunked local attention (``flashtile.chunked``);
-                                            varlen: not implemented
-``qv``, varlen ``attention_chunk``,         not implemented: anything but None / 0 raises
+``attention_chunk``                         chunked local attention (``flashtile.chunked``)
+``qv``,                                     not implemented: anything but None raises
 ``cu_seqlens_q`` / ``cu_seqlens_k_new`` /   ``NotImplementedError`` naming the argument
 ``max_seqlen_q`` / ``rotary_seqlens``
 (kvcache)
@@ -138,7 +137,7 @@ def flash_attn_varlen_func(
     ``flashtile.flash_attn_varlen_func``.
     """
     fn = varlen.FN
-    _reject_fa3_only(fn, qv=qv, attention_chunk=attention_chunk)
+    _reject_fa3_only(fn, qv=qv)
     _check_hints(fn, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin)
     check_flag(fn, "return_attn_probs", return_attn_probs)
     batch = cu_seqlens_q.shape[0] - 1 if _is_tensor(cu_seqlens_q) and cu_seqlens_q.dim() == 1 else 0
@@ -147,7 +146,7 @@ def flash_attn_varlen_func(
                                          softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                          softcap=softcap, deterministic=deterministic, sinks=sinks,
                                          return_lse=return_attn_probs, seqused_q=seqused_q, seqused_k=seqused_k,
-                                         **descales)
+                                         attention_chunk=attention_chunk, **descales)
 
 
 def flash_attn_with_kvcache(
@@ -227,17 +226,13 @@ def _is_tensor(x) -> bool:
 
 
 def _reject_fa3_only(fn: str, **options) -> None:
-    """flash-attn 3 options flashtile does not implement: anything but None (or 0 for
-    ``attention_chunk``) raises NotImplementedError naming the option."""
+    """flash-attn 3 options flashtile does not implement: anything but None raises
+    NotImplementedError naming the option."""
     for name, value in options.items():
-        if value is None or (name == "attention_chunk" and is_int(value) and value == 0):
+        if value is None:
             continue
-        if name == "attention_chunk" and not is_int(value):
-            fail(fn, TypeError, name, "an int (0 = off)", describe(value))
         why = {
             "qv": "the extra q . v score term of flash-attn 3's MLA kernels",
-            "attention_chunk": "chunked attention over packed sequences: the chunks would need the sequence "
-                               "lengths on the host",
             "rotary_seqlens": "rotary positions other than cache_seqlens",
         }.get(name, "packed (varlen) queries or new tokens in the KV-cache call")
         raise NotImplementedError(f"{fn}: {name} is not supported ({why}); got {describe(value)}")

@@ -75,6 +75,7 @@ def flash_attn_varlen_func(
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
+    attention_chunk: int = 0,
 ):
     """Exact attention over packed sequences, drop-in for ``flash_attn.flash_attn_varlen_func``
     (flash-attn 2's positional order).
@@ -102,6 +103,9 @@ def flash_attn_varlen_func(
             ``flash_attn_func``: float32 descales (batch, nheads_kv), batch =
             ``len(cu_seqlens_q) - 1``; out in ``out_dtype`` (bfloat16 default, or float16).
             Forward only; CUDA runs the FP8 kernels, CPU the exact reference.
+        attention_chunk: int >= 0, as in ``flash_attn_func``, per sequence (chunks from each
+            sequence's first key): every (sequence, chunk) becomes a packed sequence of its own,
+            with offsets computed on the device (``chunked.varlen_sequences``: no sync).
 
     Returns:
         out (total_q, nheads, headdim_v) in q's dtype (FP8: ``out_dtype``); lse (nheads, total_q) float32 (float64
@@ -127,6 +131,18 @@ def flash_attn_varlen_func(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     left, right = normalize_window(causal, window_size)
+    V.check_chunk(FN, attention_chunk)
+    # One chunk holds every key, and no row sits before key 0 unmasked: chunking changes nothing.
+    if attention_chunk and q.shape[0] and not (max_seqlen_k <= attention_chunk and right == 0):
+        from . import chunked
+
+        out, lse = chunked.varlen_attention(q, k, v, int(attention_chunk), cu_seqlens_q, cu_seqlens_k, seqused_q,
+                                            seqused_k, max_seqlen_q, max_seqlen_k, sinks, float(softmax_scale), left,
+                                            right, float(softcap), bool(deterministic),
+                                            *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))
+        if return_attn_probs:
+            return out, lse, None
+        return (out, lse) if return_lse else out
     opts = Options(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks,
                    float(softmax_scale), left, right, float(softcap), bool(deterministic),
                    *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))

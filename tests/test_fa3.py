@@ -155,7 +155,6 @@ def test_get_scheduler_metadata_is_a_hint_flashtile_does_not_need():
 
 @pytest.mark.parametrize("fn_name, kwargs, arg", [
     ("flash_attn_func", dict(qv=rand(2, 9, 4, 8)), "qv"),
-    ("flash_attn_varlen_func", dict(attention_chunk=64), "attention_chunk"),
     ("flash_attn_with_kvcache", dict(cu_seqlens_q=torch.tensor([0, 2, 4], dtype=torch.int32)), "cu_seqlens_q"),
     ("flash_attn_with_kvcache", dict(cu_seqlens_k_new=torch.tensor([0, 2, 4], dtype=torch.int32)), "cu_seqlens_k_new"),
     ("flash_attn_with_kvcache", dict(max_seqlen_q=2), "max_seqlen_q"),

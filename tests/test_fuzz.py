@@ -584,17 +584,18 @@ def varlen_cases(draw):
     lk = draw(st.lists(lens, min_size=c.b, max_size=c.b))
     used_q = draw(st.one_of(st.none(), st.tuples(*(st.integers(0, n) for n in lq))))
     used_k = draw(st.one_of(st.none(), st.tuples(*(st.integers(0, n) for n in lk))))
-    return c, lq, lk, used_q, used_k
+    chunk = draw(st.sampled_from([0, 0, 1, 3, 7, 64]))  # attention_chunk
+    return c, lq, lk, used_q, used_k, chunk
 
 
 @needs_varlen
 @given(varlen_cases())
 def test_varlen_matches_oracle_and_dense(vc):
-    """Packed sequences (empty ones included, seqused_q/k): each sequence's rows equal the
-    oracle and the dense flash_attn_func call on that sequence alone; rows past seqused_q
+    """Packed sequences (empty ones included, seqused_q/k, attention_chunk): each sequence's rows
+    equal the oracle and the dense flash_attn_func call on that sequence alone; rows past seqused_q
     output 0 with lse -inf; gradients match the oracle's."""
-    c, lq, lk, used_q, used_k = vc
-    note((c, lq, lk, used_q, used_k))
+    c, lq, lk, used_q, used_k, chunk = vc
+    note((c, lq, lk, used_q, used_k, chunk))
     gen = torch.Generator().manual_seed(c.seed)
 
     def rnd(*shape, scale=c.magnitude):
@@ -612,7 +613,7 @@ def test_varlen_matches_oracle_and_dense(vc):
     out, lse = flashtile.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max(lq, default=0), max(lk, default=0), softmax_scale=c.scale, causal=c.causal,
         window_size=c.window, softcap=c.softcap, deterministic=c.deterministic, sinks=sinks, return_lse=True,
-        seqused_q=opt(used_q), seqused_k=opt(used_k),
+        seqused_q=opt(used_q), seqused_k=opt(used_k), attention_chunk=chunk,
     )
     assert out.shape == (tq, c.h, c.dv) and lse.shape == (c.h, tq)
     # The oracle, per sequence, assembled into the packed layout.
@@ -629,12 +630,12 @@ def test_varlen_matches_oracle_and_dense(vc):
         if nq == 0:
             continue
         qb, kb, vb = q64[None, qs : qs + nq], k64[None, ks : ks + nk], v64[None, ks : ks + nk]
-        ob, lb = oracle(qb, kb, vb, c.softmax_scale, c.window[0], c.right, s64, c.softcap)
+        ob, lb = oracle(qb, kb, vb, c.softmax_scale, c.window[0], c.right, s64, c.softcap, chunk=chunk)
         o_parts.append(ob[0])
         l_parts.append(lb[0])
         rows_all.append(torch.arange(qs, qs + nq))
         with torch.no_grad():
-            sb = oracle_scores(qb, kb, c.softmax_scale, c.softcap, c.window[0], c.right)
+            sb = oracle_scores(qb, kb, c.softmax_scale, c.softcap, c.window[0], c.right, chunk=chunk)
             sb = sb[sb.isfinite()]
             smax = max(smax, sb.abs().max().item() if sb.numel() else 0.0)
         # the dense entry point on the sequence alone
@@ -642,6 +643,7 @@ def test_varlen_matches_oracle_and_dense(vc):
             q[None, qs : qs + nq].detach(), k[None, ks : ks + nk].detach(), v[None, ks : ks + nk].detach(),
             softmax_scale=c.scale, causal=c.causal, window_size=c.window,
             sinks=None if sinks is None else sinks.detach(), softcap=c.softcap, return_lse=True,
+            attention_chunk=chunk,
         )
         same(out[qs : qs + nq].detach(), od[0], c, f"seq {b} out vs dense")
         same(lse[:, qs : qs + nq].detach(), ld[0], c, f"seq {b} lse vs dense")
