@@ -226,3 +226,70 @@ def test_kvcache_compile_fullgraph():
     fn = lambda q, kc, vc, lens: flashtile.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True,  # noqa: E731
                                                                    attention_chunk=4)
     assert torch.equal(torch.compile(fn, fullgraph=True, backend="eager")(q, kc, vc, lens), fn(q, kc, vc, lens))
+
+
+# --- packed batches -----------------------------------------------------------------------------
+
+VARLEN_LENGTHS = [(3, 5), (0, 1), (7, 7), (9, 4), (1, 0), (12, 12)]  # rows before key 0, empty sequences
+
+
+def packed(lengths, seed=60):
+    cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    cu_q, cu_k = cu([a for a, _ in lengths]), cu([b for _, b in lengths])
+    q = rand(int(cu_q[-1]), 4, 8, seed=seed)
+    k, v = rand(int(cu_k[-1]), 2, 8, seed=seed + 1), rand(int(cu_k[-1]), 2, 6, seed=seed + 2)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=list(OPTIONS))
+@pytest.mark.parametrize("chunk", [1, 4, 5])
+@pytest.mark.parametrize("seqused", [False, True], ids=["all", "seqused"])
+def test_varlen_matches_oracle_per_sequence_with_gradients(opts, chunk, seqused):
+    o = dict(OPTIONS[opts])
+    q, k, v, cu_q, cu_k = packed(VARLEN_LENGTHS)
+    used_q = torch.tensor([2, 0, 7, 5, 1, 9], dtype=torch.int32) if seqused else None
+    used_k = torch.tensor([5, 1, 3, 4, 0, 11], dtype=torch.int32) if seqused else None
+    sinks = rand(4, seed=4) if o.pop("sinks", False) else None
+    window = o.pop("window", (-1, -1))
+    for t in (q, k, v) + ((sinks,) if sinks is not None else ()):
+        t.requires_grad_()
+    out, lse = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 12, 12, window_size=window, sinks=sinks,
+                                                attention_chunk=chunk, return_lse=True, seqused_q=used_q,
+                                                seqused_k=used_k, **o)
+    want_out, want_lse = torch.zeros_like(out), torch.full_like(lse, -math.inf)
+    for b in range(len(VARLEN_LENGTHS)):
+        qs, ks = int(cu_q[b]), int(cu_k[b])
+        nq = int(cu_q[b + 1]) - qs if used_q is None else int(used_q[b])
+        nk = int(cu_k[b + 1]) - ks if used_k is None else int(used_k[b])
+        ob, lb = oracle(q[None, qs : qs + nq], k[None, ks : ks + nk], v[None, ks : ks + nk], chunk, window=window,
+                        sinks=sinks, **o)
+        want_out[qs : qs + nq] = ob[0]
+        want_lse[:, qs : qs + nq] = lb[0]
+    assert_matches(out.detach(), lse.detach(), want_out.detach(), want_lse.detach(), "varlen attention_chunk")
+    fin = torch.isfinite(want_lse)
+    dout, dlse = rand(*out.shape, seed=70), rand(*lse.shape, seed=71) * fin
+    inputs = [t for t in (q, k, v, sinks) if t is not None]
+    got = torch.autograd.grad((out * dout).sum() + (lse.masked_fill(~fin, 0) * dlse).sum(), inputs)
+    want = torch.autograd.grad((want_out * dout).sum() + (want_lse.masked_fill(~fin, 0) * dlse).sum(), inputs)
+    for name, a, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        torch.testing.assert_close(a, w, rtol=0, atol=1e-11, msg=lambda m: f"{name}: {m}")
+
+
+def test_varlen_sequences_are_computed_without_reading_lengths_on_the_host():
+    cu_q = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
+    got_q, got_k, su_q, su_k, max_q, max_k, per_seq = chunked.varlen_sequences(cu_q, cu_k, None, None, 7, 7, 4)
+    assert per_seq == 5 and (max_q, max_k) == (4, 4) and su_q is None and su_k is None
+    lens_q, lens_k = (x[1:] - x[:-1] for x in (got_q, got_k))
+    for b, (lq, lk) in enumerate([(3, 5), (0, 1), (7, 7)]):
+        want_q, want_k = chunked.chunk_lengths(lq, lk, 4) if lq else ([0], [lk])
+        assert lens_q[5 * b : 5 * b + len(want_q)].tolist() == want_q and lens_k[5 * b : 5 * b + len(want_k)].tolist() == want_k
+        assert lens_q[5 * b : 5 * b + 5].sum() == lq and lens_k[5 * b : 5 * b + 5].sum() == lk
+
+
+def test_varlen_compile_fullgraph():
+    q, k, v, cu_q, cu_k = packed(VARLEN_LENGTHS)
+    fn = lambda q, k, v: flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 12, 12, causal=True,  # noqa: E731
+                                                          attention_chunk=4, return_lse=True)
+    got = torch.compile(fn, fullgraph=True, backend="eager")(q, k, v)
+    assert all(torch.equal(a, b) for a, b in zip(got, fn(q, k, v)))
