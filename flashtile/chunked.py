@@ -73,20 +73,30 @@ def attention(q: Tensor, k: Tensor, v: Tensor, chunk: int, sinks, softmax_scale:
     """Differentiable (out (batch, seqlen_q, nheads, headdim_v), lse (batch, nheads, seqlen_q))
     of dense q, k, v with chunks of ``chunk`` keys (validated arguments; ``left`` / ``right``
     with causal folded in; FP8 descales (batch, nheads_kv) as in ``flash_attn_func``)."""
-    from . import varlen  # imports interface, which imports this module
-
     b, sq, h, _ = q.shape
     sk, dv = k.shape[1], v.shape[-1]
     # Traced: the offsets are graph constants (dynamo would trace through the memo anyway).
     offsets = packed_offsets.__wrapped__ if torch.compiler.is_compiling() else packed_offsets
     cu_q, cu_k, max_q, max_k, n = offsets(b, sq, sk, chunk, q.device)
-    if q_descale is not None:  # one row per sequence: entry e's chunks share its descales
-        q_descale, k_descale, v_descale = (x.repeat_interleave(n, dim=0) for x in (q_descale, k_descale, v_descale))
-    o = varlen.Options(cu_q, cu_k, None, None, max_q, max_k, sinks, softmax_scale, left, right, softcap,
-                       deterministic, q_descale, k_descale, v_descale, out_dtype)
-    out, lse = varlen.varlen_attention(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
-                                       v.reshape(b * sk, *v.shape[2:]), o)
+    out, lse = _packed_call(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
+                            v.reshape(b * sk, *v.shape[2:]), (cu_q, cu_k, None, None, max_q, max_k), n, sinks,
+                            softmax_scale, left, right, softcap, deterministic, q_descale, k_descale, v_descale,
+                            out_dtype)
     return out.reshape(b, sq, h, dv), lse.reshape(h, b, sq).transpose(0, 1).contiguous()
+
+
+def _packed_call(q, k, v, sequences: tuple, per_entry: int, sinks, softmax_scale, left, right, softcap, deterministic,
+                 q_descale, k_descale, v_descale, out_dtype):
+    """``varlen_attention`` over the chunk sequences ``(cu_q, cu_k, seqused_q, seqused_k, max_q,
+    max_k)``, ``per_entry`` of them per batch entry: FP8 descales (one row per entry) repeated
+    for each of its sequences."""
+    from . import varlen  # imports interface, which imports this module
+
+    if q_descale is not None:
+        q_descale, k_descale, v_descale = (x.repeat_interleave(per_entry, dim=0) for x in (q_descale, k_descale, v_descale))
+    o = varlen.Options(*sequences, sinks, softmax_scale, left, right, softcap, deterministic, q_descale, k_descale,
+                       v_descale, out_dtype)
+    return varlen.varlen_attention(q, k, v, o)
 
 
 # --- packed batches ---------------------------------------------------------------------------
@@ -137,12 +147,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, chunk: int, cu_seqlens_q, 
                      out_dtype=None):
     """Differentiable (out (total_q, nheads, headdim_v), lse (nheads, total_q)) of a packed batch
     with chunks of ``chunk`` keys per sequence (validated arguments, as ``attention``)."""
-    from . import varlen  # imports interface, which imports this module
-
-    cu_q, cu_k, su_q, su_k, max_q, max_k, per_seq = varlen_sequences(
-        cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, chunk)
-    if q_descale is not None:
-        q_descale, k_descale, v_descale = (x.repeat_interleave(per_seq, dim=0) for x in (q_descale, k_descale, v_descale))
-    o = varlen.Options(cu_q, cu_k, su_q, su_k, max_q, max_k, sinks, softmax_scale, left, right, softcap,
-                       deterministic, q_descale, k_descale, v_descale, out_dtype)
-    return varlen.varlen_attention(q, k, v, o)
+    *sequences, per_seq = varlen_sequences(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                           max_seqlen_k, chunk)
+    return _packed_call(q, k, v, tuple(sequences), per_seq, sinks, softmax_scale, left, right, softcap, deterministic,
+                        q_descale, k_descale, v_descale, out_dtype)

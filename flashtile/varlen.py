@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import ops, reference
+from . import chunked, ops, reference
 from . import validation as V
 from .interface import check_options, check_qkv_heads, check_qkv_types, fp8_options, normalize_window
 
@@ -132,21 +132,15 @@ def flash_attn_varlen_func(
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     left, right = normalize_window(causal, window_size)
     V.check_chunk(FN, attention_chunk)
-    # One chunk holds every key, and no row sits before key 0 unmasked: chunking changes nothing.
+    options = (sinks, float(softmax_scale), left, right, float(softcap), bool(deterministic),
+               *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))
+    # Chunks change nothing when one holds every key and no row before key 0 sees any.
     if attention_chunk and q.shape[0] and not (max_seqlen_k <= attention_chunk and right == 0):
-        from . import chunked
-
         out, lse = chunked.varlen_attention(q, k, v, int(attention_chunk), cu_seqlens_q, cu_seqlens_k, seqused_q,
-                                            seqused_k, max_seqlen_q, max_seqlen_k, sinks, float(softmax_scale), left,
-                                            right, float(softcap), bool(deterministic),
-                                            *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))
-        if return_attn_probs:
-            return out, lse, None
-        return (out, lse) if return_lse else out
-    opts = Options(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks,
-                   float(softmax_scale), left, right, float(softcap), bool(deterministic),
-                   *fp8_options(q, q_descale, k_descale, v_descale, out_dtype))
-    out, lse = varlen_attention(q, k, v, opts)
+                                            seqused_k, max_seqlen_q, max_seqlen_k, *options)
+    else:
+        opts = Options(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, *options)
+        out, lse = varlen_attention(q, k, v, opts)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

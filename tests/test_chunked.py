@@ -293,3 +293,21 @@ def test_varlen_compile_fullgraph():
                                                           attention_chunk=4, return_lse=True)
     got = torch.compile(fn, fullgraph=True, backend="eager")(q, k, v)
     assert all(torch.equal(a, b) for a, b in zip(got, fn(q, k, v)))
+
+
+def test_varlen_fp8_descales_follow_each_sequence_into_its_chunks():
+    fp8 = torch.float8_e4m3fn
+    lengths = [(6, 9), (9, 9)]
+    q, k, v, cu_q, cu_k = packed(lengths, seed=80)
+    q8, k8, v8 = (x.float().to(fp8) for x in (q, k, v))
+    qd, kd, vd = (rand(2, 2, seed=90 + i).float().abs() + 0.5 for i in range(3))
+    out = flashtile.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, 9, 9, causal=True, attention_chunk=4, q_descale=qd,
+                                           k_descale=kd, v_descale=vd)
+    for b in range(2):
+        qs, ks = int(cu_q[b]), int(cu_k[b])
+        nq, nk = lengths[b]
+        real = lambda x, d: x.double() * d[b].double().repeat_interleave(x.shape[1] // 2)[None, :, None]  # noqa: E731
+        want, _ = oracle(real(q8[qs : qs + nq], qd)[None], real(k8[ks : ks + nk], kd)[None],
+                         real(v8[ks : ks + nk], vd)[None], 4, causal=True)
+        torch.testing.assert_close(out[qs : qs + nq].double(), want[0], rtol=1e-2, atol=1e-2,
+                                   msg=lambda m: f"sequence {b} (its own descales): {m}")
