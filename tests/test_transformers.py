@@ -56,6 +56,17 @@ def _gpt_oss():
     )
 
 
+def _llama4_chunked():
+    # Chunked layers (attention_chunk_size 8 < SEQ) beside full ones; one expert, so that no
+    # router tie flips an expert between implementations.
+    return transformers.Llama4TextConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=64, intermediate_size_mlp=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_chunk_size=8, num_local_experts=1,
+        num_experts_per_tok=1, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        no_rope_layers=[1, 0, 1, 0], attn_temperature_tuning=False, use_qk_norm=False,
+    )
+
+
 def _modernbert():
     # Encoder: is_causal=False, symmetric local attention (passes sliding_window + 1).
     return transformers.ModernBertConfig(
@@ -71,6 +82,7 @@ CONFIGS = {
     "mistral_sliding": (_mistral, AutoModelForCausalLM),
     "gemma2_softcap_sliding": (_gemma2, AutoModelForCausalLM),
     "gpt_oss_sinks": (_gpt_oss, AutoModelForCausalLM),
+    "llama4_chunked": (_llama4_chunked, AutoModelForCausalLM),
     "modernbert_bidirectional_local": (_modernbert, AutoModelForMaskedLM),
 }
 
@@ -119,9 +131,10 @@ def test_logits_and_gradients_match_eager(case):
     assert checked > 5
 
 
-@pytest.mark.parametrize("case", ["mistral_sliding", "gpt_oss_sinks"])
+@pytest.mark.parametrize("case", ["mistral_sliding", "gpt_oss_sinks", "llama4_chunked"])
 def test_greedy_generation_with_cache_matches_eager(case):
-    """Decoding runs past the sliding window, so the sliding cache's key offsets are used."""
+    """Decoding runs past the sliding window (Llama 4: past several chunks), so the sliding
+    cache's key offsets are used."""
     ref, ours = _pair(*CONFIGS[case])
     ref.eval(), ours.eval()
     prompt = _ids(batch=1, seq=6)
@@ -198,7 +211,7 @@ def _check_against_sdpa(ref, ours, keep, **inputs):
         _close(g_ours[name], g_ref[name], rel=1e-4)
 
 
-PADDED_CASES = ["llama_gqa", "mistral_sliding", "gemma2_softcap_sliding", "gpt_oss_sinks"]
+PADDED_CASES = ["llama_gqa", "mistral_sliding", "gemma2_softcap_sliding", "gpt_oss_sinks", "llama4_chunked"]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -236,6 +249,29 @@ def test_padded_generation_matches_sdpa(llama):
     mask[0, :4] = 0
     kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     torch.testing.assert_close(ours.generate(ids, **kwargs), ref.generate(ids, **kwargs), atol=0, rtol=0)
+
+
+def test_llama4_chunked_padded_generation_and_continued_prefill_match_eager():
+    """Llama 4's chunked layers past several chunks of 8, with the sliding cache dropping keys:
+    a left-padded batch (each row's chunks count from its first real token) generates eager's
+    tokens, and a prompt fed in two parts (the second part's queries straddle chunks, the
+    cache holding only the last 7 keys) gives eager's logits."""
+    ref, ours = _pair(_llama4_chunked, AutoModelForCausalLM)
+    ref.eval(), ours.eval()
+    ids = _ids(batch=2, seq=9)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
+    torch.testing.assert_close(ours.generate(ids, **kwargs), ref.generate(ids, **kwargs), atol=0, rtol=0)
+    ids = _ids(batch=2, seq=30)
+    with torch.no_grad():
+        for split in (5, 13):
+            logits = []
+            for model in (ref, ours):
+                first = model(ids[:, :split], use_cache=True)
+                second = model(ids[:, split:], past_key_values=first.past_key_values, use_cache=True)
+                logits.append(torch.cat([first.logits, second.logits], dim=1))
+            _close(logits[1], logits[0])
 
 
 def test_padding_with_holes_and_sliding_window_is_refused():

@@ -44,7 +44,16 @@ own flash-attention path does (``modeling_flash_attention_utils._flash_attention
 - padding-free packing (``DataCollatorWithFlattening``): with ``cu_seq_lens_q/k`` and
   ``max_length_q/k`` kwargs those are used directly; otherwise ``position_ids`` restarting
   inside a row (any batch size; rows never attend to each other) split the tokens into
-  documents, each attended to on its own with its own causal / sliding-window mask.
+  documents, each attended to on its own with its own causal / sliding-window mask.  Models
+  whose attention modules do not receive ``position_ids`` (Llama 4) get the documents from
+  the mask function (``MaskInfo.documents``).
+
+Chunked attention (Llama 4's ``chunked_attention`` layers, ``attention_chunk_size``), eager:
+the mask function hands ``attention_forward`` the chunk size and the cache position of the
+first key (``MaskInfo``); the keys start at the first query's chunk (a sliding cache keeps
+only the last ``chunk - 1``) and the call passes ``attention_chunk``.  In a left-padded batch
+each row's chunks count from its first real token, so the padding mask also hides each row's
+keys before its first query's chunk, and the unpadded sequences are chunked from there.
 
 Refused with an error instead of being ignored:
 
@@ -53,7 +62,8 @@ Refused with an error instead of being ignored:
 - a padding mask with holes (zeros between real tokens) together with a sliding window (the
   window would be measured over the compacted tokens);
 - any 4D mask that is not exactly the causal / sliding-window pattern computed here;
-- block-wise / chunked patterns beyond the chunk, custom ``or_mask_function`` /
+- block-wise patterns, chunked ones beyond one chunk under ``torch.compile`` /
+  ``torch.export`` (and packed sequences with a chunk after the cache dropped keys), custom ``or_mask_function`` /
   ``and_mask_function`` overlays, and mask functions this module does not recognise
   (NotImplementedError);
 - KV caches whose keys include unfilled slots (static caches), paged caches, a partial set of
@@ -70,6 +80,7 @@ loudly at run time.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -187,12 +198,38 @@ def _check_chunk(config, kv_end: int) -> None:
     if chunk is None or kv_end > chunk:
         raise NotImplementedError(
             f"flashtile: chunked attention (attention_chunk_size={chunk}) over {kv_end} tokens is not "
-            f"supported (only sequences within one chunk, where it is plain causal); {_HINT}"
+            f"supported under torch.compile / torch.export (only sequences within one chunk, where it is plain "
+            f"causal); run it eagerly, or {_HINT}"
         )
 
 
-def _check_pattern(mask_function, kv_length, kv_offset, config, local_size, tracing: bool) -> None:
-    """Refuse mask patterns other than causal, bidirectional and (causal or symmetric) sliding window.
+@dataclass(frozen=True)
+class MaskInfo:
+    """``attention_mask``'s answer when the attention function needs more than the 2D padding
+    mask, which is what transformers hands it:
+
+    - ``chunk``: a chunked-attention layer (Llama 4's ``chunked_attention``) whose keys reach
+      past one chunk; ``kv_offset`` is the cache position of the first key the attention
+      function gets (a sliding cache keeps only the last ``chunk - 1``).  ``attention_forward``
+      starts the keys at the first query's chunk and passes ``attention_chunk``, so chunks start
+      at cache positions that are multiples of ``chunk``, as transformers' ``chunked_overlay``
+      has them;
+    - ``documents``: the packed batch's document index per token (transformers'
+      ``packed_sequence_mask``), for models whose attention modules do not receive
+      ``position_ids`` (Llama 4), where ``attention_forward`` could not see the packing;
+    - ``padding``: the 2D padding mask or None."""
+
+    chunk: Optional[int] = None
+    kv_offset: int = 0
+    documents: Optional[torch.Tensor] = None
+    padding: Optional[torch.Tensor] = None
+
+
+def _check_pattern(mask_function, kv_length, kv_offset, config, local_size, tracing: bool):
+    """Refuse mask patterns other than causal, bidirectional, (causal or symmetric) sliding window,
+    chunked and packed; return (chunk size, documents): the chunk size when the pattern is
+    chunked over more than one chunk (eager only: traced, that is refused) and the packed
+    batch's document indices (eager only), each else None.
 
     Eager: walk the mask function's closure tree (transformers composes patterns from small
     closures) and refuse every building block flashtile does not reproduce.  Traced: dynamo
@@ -203,20 +240,30 @@ def _check_pattern(mask_function, kv_length, kv_offset, config, local_size, trac
     if tracing:
         kind = _kind(mask_function)
         if kind in ("causal", "bidirectional"):
-            return
+            return None, None
         if kind == "and":
             chunk = getattr(config, "attention_chunk_size", None)
             if chunk is not None and local_size == chunk:
                 _check_chunk(config, kv_length + kv_offset)
-            return
+            return None, None
         raise _unsupported(kind, mask_function)
+    chunked = documents = None
     for kind, fn in _walk(mask_function):
-        if kind in ("causal", "bidirectional", "and", "or", "sliding", "sliding_bidirectional", "packed", "packed_remap"):
-            continue  # "or" alone is harmless; what it combines is checked on its own; "packed": varlen
+        if kind in ("causal", "bidirectional", "and", "or", "sliding", "sliding_bidirectional", "packed_remap"):
+            continue  # "or" alone is harmless; what it combines is checked on its own
+        if kind == "packed":  # varlen, by document: the indices are the closure's tensor
+            documents = next((c.cell_contents for c in fn.__closure__ or ()
+                              if isinstance(c.cell_contents, torch.Tensor)), None)
+            continue
         if kind == "chunked":
-            _check_chunk(config, kv_length + kv_offset)
+            chunk = getattr(config, "attention_chunk_size", None)
+            if chunk is None:
+                _check_chunk(config, kv_length + kv_offset)
+            if kv_length + kv_offset > chunk:
+                chunked = chunk
             continue
         raise _unsupported(kind, fn)
+    return chunked, documents
 
 
 def attention_mask(
@@ -244,8 +291,9 @@ def attention_mask(
             f"attention over image tokens) are not supported; {_HINT}"
         )
     tracing = _tracing(attention_mask)
+    chunk = documents = None
     if mask_function is not None:
-        _check_pattern(mask_function, kv_length, kv_offset, config, kwargs.get("local_size"), tracing)
+        chunk, documents = _check_pattern(mask_function, kv_length, kv_offset, config, kwargs.get("local_size"), tracing)
     if isinstance(q_offset, torch.Tensor):
         raise NotImplementedError(
             "flashtile: static KV caches are not supported (their keys include unfilled slots that only "
@@ -262,7 +310,7 @@ def attention_mask(
             raise ValueError(
                 f"flashtile: expected a 2D padding mask (batch, seq), got shape {tuple(attention_mask.shape)}"
             )
-        attention_mask = attention_mask[:, -kv_length:].bool()  # as transformers' flash_attention_mask
+        full, attention_mask = attention_mask, attention_mask[:, -kv_length:].bool()  # as transformers' flash_attention_mask
         if tracing:  # unpadding has data-dependent shapes: refused in a graph (a runtime assert)
             _require_all(
                 attention_mask,
@@ -273,8 +321,26 @@ def attention_mask(
                 ),
             )
         elif not bool(attention_mask.all()):
-            return attention_mask  # padding: attention_forward runs the batch unpadded (varlen)
-    return None
+            if chunk is None:
+                return attention_mask  # padding: attention_forward runs the batch unpadded (varlen)
+            return MaskInfo(chunk, int(kv_offset), documents, _hide_before_chunk(full, attention_mask, q_offset, kv_offset, chunk))
+        elif chunk is not None and not bool(full.all()):  # the keys kept are real, but rows' chunks start apart
+            return MaskInfo(chunk, int(kv_offset), documents, _hide_before_chunk(full, attention_mask, q_offset, kv_offset, chunk))
+    if chunk is None and documents is None:
+        return None
+    return MaskInfo(chunk, int(kv_offset), documents)
+
+
+def _hide_before_chunk(full: torch.Tensor, padding: torch.Tensor, q_offset: int, kv_offset: int, chunk: int):
+    """The padding mask (batch, kv_length) of a chunked layer with the keys before each row's
+    first-query chunk hidden too.  transformers counts a row's chunks from its first real token
+    (``chunked_overlay``: positions minus the row's left padding, from the full 2D mask), so
+    rows start their chunks at different keys; with those keys gone, the packed call's chunks,
+    counted from each sequence's first kept key, start where transformers' do."""
+    left = (full.cumsum(-1) == 0).sum(-1)  # each row's left padding
+    first = torch.div(q_offset - left, chunk, rounding_mode="floor") * chunk + left - kv_offset
+    keys = torch.arange(padding.shape[-1], device=padding.device)[None, :]
+    return padding & (keys >= first[:, None])
 
 
 # --- attention function -----------------------------------------------------------------------
@@ -354,17 +420,23 @@ def _attention_unpadded(q, k, v, mask: torch.Tensor, sliding: bool, opts: dict) 
     return full.view(b, sq, *out.shape[1:])
 
 
-def _packed_documents(position_ids: torch.Tensor, b: int, s: int) -> Optional[tuple[torch.Tensor, int]]:
+def _packed_documents(position_ids: Optional[torch.Tensor], documents: Optional[torch.Tensor], b: int,
+                      s: int) -> Optional[tuple[torch.Tensor, int]]:
     """(cu_seqlens over the b * s flattened tokens, longest document), or None when no row restarts.
 
     A document starts at every row start and wherever ``position_ids`` do not go on by +1,
-    transformers' rule (``masking_utils.find_packed_sequence_indices``).  Reads the ids (a sync).
+    transformers' rule (``masking_utils.find_packed_sequence_indices``), or, without them, where
+    the document index (``MaskInfo.documents``) changes.  Reads the ids (a sync).
     """
-    pos = position_ids.expand(b, s)
-    restarts = pos[:, 1:] != pos[:, :-1] + 1
+    if position_ids is not None:
+        pos = position_ids.expand(b, s)
+        restarts = pos[:, 1:] != pos[:, :-1] + 1
+    else:
+        doc = documents.expand(b, s)
+        restarts = doc[:, 1:] != doc[:, :-1]
     if not bool(restarts.any()):
         return None
-    starts = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=pos.device), restarts], dim=1)
+    starts = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=restarts.device), restarts], dim=1)
     idx = starts.flatten().nonzero().flatten().to(torch.int32)
     cu = torch.cat([idx, idx.new_full((1,), b * s)])
     return cu, int((cu[1:] - cu[:-1]).max())
@@ -406,6 +478,26 @@ def _decode_over_cache(query, key, value, opts: dict) -> Optional[torch.Tensor]:
     out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sk, softmax_scale=opts["softmax_scale"],
                                   causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"])
     return out.reshape(b, hkv, sq, g, dv).permute(0, 2, 1, 3, 4).reshape(b, sq, h, dv)
+
+
+def _from_first_chunk(mask: MaskInfo, query, key, value, packed: bool):
+    """key and value (batch, kv heads, seq, dim) from the first query's chunk on: transformers'
+    chunks start at cache positions that are multiples of the size, ``flash_attn_func``'s at its
+    first key, and no query sees a key before its own chunk.  Padded and packed batches keep
+    every key: their chunks count from each sequence's first token (``flash_attn_varlen_func``)."""
+    if mask.padding is not None:  # the padding mask hides each row's keys before its chunk
+        return key, value
+    if packed:
+        if mask.kv_offset:
+            raise NotImplementedError(f"flashtile: chunked attention over packed sequences after the cache dropped "
+                                      f"keys (from position {mask.kv_offset}) is not supported; {_HINT}")
+        return key, value
+    first = mask.kv_offset + key.shape[2] - query.shape[2]  # cache position of the first query
+    start = first // mask.chunk * mask.chunk - mask.kv_offset
+    if start < 0:
+        raise NotImplementedError(f"flashtile: the keys (from cache position {mask.kv_offset}) start after the first "
+                                  f"query's chunk (from {start + mask.kv_offset}): that chunk's keys are gone; {_HINT}")
+    return key[:, :, start:], value[:, :, start:]
 
 
 def attention_forward(
@@ -461,12 +553,20 @@ def attention_forward(
         softmax_scale=scaling, causal=bool(is_causal), window_size=window, sinks=s_aux, softcap=softcap,
         deterministic=bool(deterministic),
     )
+    chunked, documents = False, None
+    if isinstance(attention_mask, MaskInfo):
+        info, attention_mask, documents = attention_mask, attention_mask.padding, attention_mask.documents
+        chunked = info.chunk is not None  # a chunked layer whose keys reach past one chunk
+        if chunked:
+            packed = varlen_kwargs[0] is not None or documents is not None
+            key, value = _from_first_chunk(info, query, key, value, packed)
+            opts["attention_chunk"] = info.chunk
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
     b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
 
     # The same order as transformers' _flash_attention_forward: padding, varlen kwargs, packing.
     if attention_mask is not None and attention_mask.dim() == 2:  # from ``attention_mask`` above
-        return _attention_unpadded(q, k, v, attention_mask, sliding_window is not None, opts), None
+        return _attention_unpadded(q, k, v, attention_mask, sliding_window is not None or chunked, opts), None
     if varlen_kwargs[0] is not None:  # padding-free with cu_seq_lens_*: the tokens of all rows, in order
         cu_q, cu_k, max_q, max_k = varlen_kwargs
         out = flash_attn_varlen_func(
@@ -475,13 +575,15 @@ def attention_forward(
         return out.view(b, sq, *out.shape[1:]), None
 
     position_ids = kwargs.get("position_ids")
-    if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 2 and position_ids.shape[-1] == sq == sk > 1:
+    if not (isinstance(position_ids, torch.Tensor) and position_ids.dim() == 2 and position_ids.shape[-1] == sq):
+        position_ids = None  # the mask function's document indices, if any, stand in for them
+    if (position_ids is not None or documents is not None) and sq == sk > 1:
         if _tracing(query):
             # Traced, packing would need data-dependent shapes (and transformers cannot tell packed
             # rows from plain ones, see _check_pattern): refused at run time.
             _require_all(position_ids[:, 1:] - position_ids[:, :-1] == 1, lambda: _unsupported("packed", None))
         else:
-            packed = _packed_documents(position_ids, b, sq)
+            packed = _packed_documents(position_ids, documents, b, sq)
             if packed is not None:
                 cu, longest = packed
                 out = flash_attn_varlen_func(_tokens(q), _tokens(k), _tokens(v), cu, cu, longest, longest, **opts)
@@ -490,7 +592,7 @@ def attention_forward(
     if attention_mask is not None:
         folded = (window[0], 0) if is_causal else window
         _check_dense_mask(attention_mask, sq, sk, folded, q.device)
-    elif not _tracing(query):
+    elif not _tracing(query) and (not chunked or sk <= opts["attention_chunk"]):  # the decode route has no chunks
         out = _decode_over_cache(query, key, value, opts)
         if out is not None:
             return out, None
