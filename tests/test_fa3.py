@@ -254,3 +254,66 @@ def test_compile_fullgraph_traces_the_fa3_call():
     got = torch.compile(fn, fullgraph=True, backend="eager")(q, k, v)
     want = fn(q, k, v)
     assert all(torch.equal(a, b) for a, b in zip(got, want)), "the compiled fa3 call differs from eager"
+
+
+# --- flash-attn 2's stacked-tensor entry points (flashtile.qkvpacked) ---------------------------
+
+FA2_STACKED = {
+    "flash_attn_qkvpacked_func": ["qkv"],
+    "flash_attn_kvpacked_func": ["q", "kv"],
+    "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen"],
+    "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"],
+}
+FA2_OPTIONS = ["dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "deterministic",
+               "return_attn_probs"]
+
+
+@pytest.mark.parametrize("name", list(FA2_STACKED))
+def test_stacked_entry_points_have_flash_attn_2s_orders(name):
+    fn = getattr(flashtile, name)
+    assert positional(fn) == FA2_STACKED[name] + FA2_OPTIONS, f"{name}: positional parameters differ from flash-attn 2's"
+
+
+def test_qkvpacked_equals_the_split_call_with_gradients():
+    qkv = rand(2, 9, 3, 4, 8, seed=100).requires_grad_()
+    got, got_lse, none = flashtile.flash_attn_qkvpacked_func(qkv, 0.0, 0.3, True, (3, -1), 2.0, None, False, True)
+    q, k, v = (x.detach().requires_grad_() for x in qkv.unbind(2))
+    want, want_lse = flashtile.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, window_size=(3, -1),
+                                               softcap=2.0, return_lse=True)
+    assert none is None and torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    dout = rand(*got.shape, seed=101)
+    (dqkv,) = torch.autograd.grad((got * dout).sum(), qkv)
+    parts = torch.autograd.grad((want * dout).sum(), (q, k, v))
+    assert torch.equal(dqkv, torch.stack(parts, dim=2)), "dqkv is not (dq, dk, dv) stacked"
+
+
+def test_kvpacked_gqa_and_extras():
+    q, kv = rand(2, 5, 4, 8, seed=102), rand(2, 7, 2, 2, 8, seed=103)
+    sinks = rand(4, seed=104)
+    got = flashtile.flash_attn_kvpacked_func(q, kv, causal=True, sinks=sinks, attention_chunk=3)
+    want = flashtile.flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], causal=True, sinks=sinks, attention_chunk=3)
+    assert torch.equal(got, want)
+
+
+def test_varlen_stacked_equal_the_split_calls():
+    cu = torch.tensor([0, 4, 4, 11], dtype=torch.int32)
+    qkv = rand(11, 3, 4, 8, seed=105)
+    got = flashtile.flash_attn_varlen_qkvpacked_func(qkv, cu, 7, causal=True)
+    want = flashtile.flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, 7, 7, causal=True)
+    assert torch.equal(got, want)
+    cu_k = torch.tensor([0, 6, 7, 13], dtype=torch.int32)
+    q, kv = rand(11, 4, 8, seed=106), rand(13, 2, 2, 8, seed=107)
+    got = flashtile.flash_attn_varlen_kvpacked_func(q, kv, cu, cu_k, 7, 6, 0.0, None, True, return_lse=True)
+    want = flashtile.flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu, cu_k, 7, 6, causal=True, return_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("name, args, arg", [
+    ("flash_attn_qkvpacked_func", (rand(2, 9, 4, 8, seed=1),), "qkv"),       # not stacked
+    ("flash_attn_qkvpacked_func", (rand(2, 9, 2, 4, 8, seed=1),), "qkv"),    # 2 where 3 go
+    ("flash_attn_kvpacked_func", (rand(2, 9, 4, 8, seed=1), rand(2, 9, 3, 2, 8, seed=2)), "kv"),
+    ("flash_attn_varlen_qkvpacked_func", ([1, 2], torch.tensor([0, 1], dtype=torch.int32), 1), "qkv"),
+])
+def test_stacked_tensors_of_the_wrong_shape_are_refused(name, args, arg):
+    with pytest.raises((ValueError, TypeError), match=arg):
+        getattr(flashtile, name)(*args)

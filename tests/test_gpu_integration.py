@@ -106,6 +106,21 @@ def test_fa3_call_site_runs_the_same_kernels_cuda():
         assert torch.equal(a, b), f"d{name} of fa3.flash_attn_func differs from flashtile.flash_attn_func's"
 
 
+def test_qkvpacked_strided_views_run_the_same_kernels_cuda():
+    """flash-attn 2's stacked ``qkv`` (strided views, copied contiguous on the way): out and the
+    deterministic backward's dqkv bitwise equal to the split call's (the d = 64 structures of
+    ``test_compile_fullgraph_matches_eager_cuda``)."""
+    qkv = torch.randn(2, 300, 3, 4, 64, device=CUDA, dtype=BF16, requires_grad=True)
+    got = flashtile.flash_attn_qkvpacked_func(qkv, causal=True, deterministic=True)
+    q, k, v = (x.detach().contiguous().requires_grad_() for x in qkv.unbind(2))
+    want = flashtile.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    assert torch.equal(got, want), "qkvpacked out differs from the split call's"
+    dout = torch.randn_like(got)
+    (dqkv,) = torch.autograd.grad((got * dout).sum(), qkv)
+    parts = torch.autograd.grad((want * dout).sum(), (q, k, v))
+    assert torch.equal(dqkv, torch.stack(parts, dim=2)), "dqkv differs from the split call's gradients"
+
+
 # --- transformers ---------------------------------------------------------------------------------
 
 
