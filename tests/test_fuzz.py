@@ -851,17 +851,22 @@ def loose_inputs(draw):
     return q, k, v, sinks, window, softcap, scale
 
 
-@given(loose_inputs(), st.booleans())
-def test_any_input_gives_an_answer_or_a_named_error(inp, causal):
+@given(loose_inputs(), st.booleans(), st.sampled_from([0, 0, 1, 2, 5, -1, 2.5]))
+def test_any_input_gives_an_answer_or_a_named_error(inp, causal, chunk):
     """flash_attn_func and SDPA on arbitrary (often inconsistent) shapes, dtypes and options
     either return well-shaped outputs or raise ValueError/TypeError/NotImplementedError, never
     an error from deep inside (RuntimeError, IndexError, ZeroDivisionError...)."""
     q, k, v, sinks, window, softcap, scale = inp
     note((tuple(q.shape), q.dtype, tuple(k.shape), k.dtype, tuple(v.shape), v.dtype,
-          None if sinks is None else tuple(sinks.shape), window, softcap, scale, causal))
+          None if sinks is None else tuple(sinks.shape), window, softcap, scale, causal, chunk))
     try:
         out = flashtile.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window, sinks=sinks,
-                                        softcap=softcap)
+                                        softcap=softcap, attention_chunk=chunk)
+        assert out.shape == (*q.shape[:3], v.shape[-1])
+    except NAMED_ERRORS:
+        pass
+    try:  # flash-attn 3's order over the same inputs
+        out = flashtile.fa3.flash_attn_func(q, k, v, scale, causal, None, None, None, None, window, chunk, softcap)
         assert out.shape == (*q.shape[:3], v.shape[-1])
     except NAMED_ERRORS:
         pass
@@ -891,7 +896,8 @@ def test_varlen_any_offsets_give_an_answer_or_a_named_error(data):
     offsets = lambda: torch.tensor(draw(st.lists(ints, min_size=n, max_size=n)), dtype=draw(st.sampled_from([torch.int32] * 4 + [torch.int64])))
     cu_q, cu_k = offsets(), offsets()
     used = lambda: draw(st.one_of(st.none(), st.builds(lambda xs: torch.tensor(xs, dtype=torch.int32), st.lists(ints, min_size=max(n - 1, 0), max_size=max(n - 1, 0)))))
-    kw = dict(seqused_q=used(), seqused_k=used(), causal=draw(st.booleans()), return_lse=True)
+    kw = dict(seqused_q=used(), seqused_k=used(), causal=draw(st.booleans()), return_lse=True,
+              attention_chunk=draw(st.sampled_from([0, 0, 1, 3])))
     note((tq, tk, cu_q, cu_k, kw))
     try:
         out, lse = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, draw(ints), draw(ints), **kw)
