@@ -471,7 +471,7 @@ def flash_attn_with_kvcache(
         attention_chunk: keyword only, int >= 0 (flash-attn 3; Llama 4's chunked layers): > 0
             restricts each query token to the keys of its own chunk of this many positions
             from cache position 0 (``flashtile.chunked``).  With more than one query token it
-            needs ``causal=True`` (each token then runs as its own one-row call).
+            needs ``causal=True``; one attention call per chunk the tokens touch.
 
     flash-attn 2's positional order up to ``window_size``; after it flash-attn 2 has
     ``softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse`` where this
@@ -541,22 +541,31 @@ def flash_attn_with_kvcache(
 def attend_chunked(attend, q, seqlens_k, cache_leftpad, chunk: int):
     """(out, lse) with chunks of ``chunk`` cache positions: query token t of entry b sits at
     position ``pos = seqlens_k[b] - seqlen_q + t`` and sees the keys of its chunk up to itself,
-    ``[max(cache_leftpad, chunk * floor(pos / chunk)), pos]``: a left pad of its own, computed on
-    the device (no sync; CUDA-graph safe).  One ``attend`` call when seqlen_q is 1 (its keys end
-    where the sequence does, causal or not), else one per token (causal, validated)."""
+    ``[max(cache_leftpad, chunk * floor(pos / chunk)), pos]``.
+
+    The seqlen_q consecutive positions of an entry touch at most ``ceil((seqlen_q - 1) / chunk)
+    + 1`` chunks (a host bound), so that many ``attend`` calls cover every token: call j runs all
+    tokens with each entry's (first chunk + j)-th chunk start as its left pad, over the whole
+    sequence (so every row keeps its bottom-right position; causal, validated for several
+    tokens, keeps a row inside its chunk), and keeps the rows whose chunk that is.  One call for
+    one token or a short run, all on the device (no sync; CUDA-graph safe)."""
     sq = q.shape[1]
     if sq == 0:
         return attend(q, seqlens_k, cache_leftpad)
-    outs, lses = [], []
-    for t in range(sq):
-        pos = seqlens_k - (sq - t)
-        lens = (pos + 1).clamp(min=0)
-        start = torch.div(pos, chunk, rounding_mode="floor") * chunk
-        leftpad = start.clamp(min=0) if cache_leftpad is None else torch.maximum(start, cache_leftpad)
-        leftpad = torch.minimum(leftpad, lens)  # a token before the caller's left pad sees nothing
-        out, lse = attend(q[:, t : t + 1], lens.to(torch.int32), leftpad.to(torch.int32))
-        outs.append(out)
-        lses.append(lse)
-    if sq == 1:
-        return outs[0], lses[0]
-    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+    first = seqlens_k.long() - sq  # each entry's position of token 0
+    chunk0 = torch.div(first, chunk, rounding_mode="floor")
+    calls = -(-(sq - 1) // chunk) + 1
+    lens = seqlens_k.long()
+    out = lse = None
+    for j in range(calls):
+        start = (chunk0 + j) * chunk
+        leftpad = start.clamp(min=0) if cache_leftpad is None else torch.maximum(start, cache_leftpad.long())
+        o, l = attend(q, seqlens_k, torch.minimum(leftpad, lens).to(torch.int32))
+        if out is None:
+            out, lse = o, l
+            continue
+        pos = first[:, None] + torch.arange(sq, device=q.device)[None, :]
+        rows = torch.div(pos, chunk, rounding_mode="floor") == (chunk0 + j)[:, None]  # (batch, seqlen_q)
+        out = torch.where(rows[:, :, None, None], o, out)
+        lse = torch.where(rows[:, None, :], l, lse)
+    return out, lse

@@ -169,6 +169,7 @@ KV_CASES = {
     "speculative-window-leftpad": (2, 3, 1, 4, dict(causal=True, window=(2, -1), leftpad=True)),
     "more-queries-than-new": (1, 5, 2, 4, dict(causal=True, leftpad=True)),
     "sinks-softcap": (3, 2, 2, 8, dict(causal=True, sinks=True, softcap=3.0)),
+    "chunked-prefill": (2, 11, 11, 3, dict(causal=True, leftpad=True)),  # 11 tokens over 4-5 chunks
 }
 
 
