@@ -226,13 +226,13 @@ def test_kernel_matches_reference(c: C):
 
 
 # Chunked attention (``attention_chunk``): each query token's chunk start becomes its left pad
-# (``kvcache.attend_chunked``); one token, and several with a call per token, where the chunk
-# sizes put a chunk boundary between the tokens of entry 1 (positions 746..749 and 748..749).
-# The structures of grid cases.
+# (``kvcache.attend_chunked``: one call per chunk the tokens touch); one token, and several,
+# where the chunk sizes put a chunk boundary between the tokens of entry 1 (positions 748 | 749,
+# and 746..747 | 748..749).  Grid cases, so their kernel structures.
 CHUNKED_CASES = [
     (C(batch=3, length=1000, page=16), 192),
-    (C(batch=3, length=1000, sq=4, snew=4, h=32, hkv=8, page=16), 748),
-    (C(batch=3, length=1000, sq=2, snew=2, leftpad=True, page=64), 749),
+    (C(batch=3, length=1000, sq=2, snew=2, page=16, h=32, hkv=8), 749),
+    (C(batch=3, length=1000, sq=4, snew=2, leftpad=True, page=64), 748),
 ]
 
 
