@@ -312,3 +312,21 @@ def test_varlen_fp8_descales_follow_each_sequence_into_its_chunks():
                          real(v8[ks : ks + nk], vd)[None], 4, causal=True)
         torch.testing.assert_close(out[qs : qs + nq].double(), want[0], rtol=1e-2, atol=1e-2,
                                    msg=lambda m: f"sequence {b} (its own descales): {m}")
+
+
+def test_kvcache_fp8_cache_with_chunks():
+    """An FP8 cache with chunks: the oracle over the dequantized cache (and the appended tokens
+    as the cache stores them)."""
+    fp8 = torch.float8_e4m3fn
+    b, hkv, h, d = 2, 2, 4, 16
+    k_cache = rand(b, 32, hkv, d, seed=120).float().to(fp8)
+    v_cache = rand(b, 32, hkv, d, seed=121).float().to(fp8)
+    kd, vd = (rand(b, hkv, seed=122 + i).float().abs() + 0.5 for i in range(2))
+    lens = torch.tensor([13, 7], dtype=torch.int32)
+    q = rand(b, 3, h, d, seed=124).float()
+    k_new, v_new = rand(b, 3, hkv, d, seed=125).float(), rand(b, 3, hkv, d, seed=126).float()
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=True,
+                                            k_descale=kd, v_descale=vd, attention_chunk=4)
+    real = lambda c, dsc: c.double() * dsc.double()[:, None, :, None]  # noqa: E731
+    want, _ = oracle(q.double(), real(k_cache, kd), real(v_cache, vd), 4, causal=True, seqlens=lens + 3)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5)
