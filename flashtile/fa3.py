@@ -35,7 +35,9 @@ What each flash-attn 3 argument does here:
 (kvcache)
 ==========================================  ===================================================
 
-Extras, keyword-only: ``sinks`` (per-head sink logits, as in ``flashtile.flash_attn_func``).
+Also ``flash_attn_combine`` (merging split results by their lse; torch ops) and
+``get_scheduler_metadata`` (returns None).  Extras, keyword-only: ``sinks`` (per-head sink
+logits, as in ``flashtile.flash_attn_func``).
 
 FP8 in the KV-cache call: flash-attn 3 takes q and the new k / v in float8_e4m3fn beside an
 FP8 cache.  flashtile's FP8 cache takes a 16-bit q and 16-bit new tokens, quantizing them on
@@ -59,7 +61,8 @@ from . import interface, kvcache, varlen
 from .fp8 import DTYPE as FP8
 from .validation import check_flag, describe, fail, is_int
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_combine",
+           "get_scheduler_metadata"]
 
 
 def flash_attn_func(
@@ -209,6 +212,42 @@ def flash_attn_with_kvcache(
         softmax_scale, causal, window_size, sinks, softcap, rotary_interleaved, num_splits, return_softmax_lse,
         k_descale, v_descale, attention_chunk=attention_chunk,
     )
+
+
+def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None,
+                       out_dtype: Optional[torch.dtype] = None):
+    """flash-attn 3's ``flash_attn_combine``: merge attention results over disjoint key ranges
+    (split-KV, cascade or ring attention) by their lse.
+
+    out_partial (num_splits, batch, seqlen, nheads, headdim) float32, lse_partial (num_splits,
+    batch, seqlen, nheads) float32 -> (out (batch, seqlen, nheads, headdim) in ``out_dtype``
+    (float32 default; bfloat16 / float16), written into ``out`` when given, lse (batch, seqlen,
+    nheads) float32): ``lse = logsumexp_i lse_i`` and ``out = sum_i exp(lse_i - lse) out_i``.
+    A row whose every split has lse -inf (no key anywhere) gets out 0 and lse -inf.  Plain torch
+    ops (differentiable), not a fused kernel; flashtile's own split-KV decode merges in-kernel
+    (``kernels/combine.py``)."""
+    fn = "flash_attn_combine"
+    for name, x, rank in (("out_partial", out_partial, 5), ("lse_partial", lse_partial, 4)):
+        if not _is_tensor(x) or x.dtype != torch.float32 or x.dim() != rank:
+            fail(fn, TypeError if not _is_tensor(x) else ValueError, name, f"a {rank}-D float32 tensor",
+                 describe(x))
+    if tuple(lse_partial.shape) != tuple(out_partial.shape[:4]):
+        fail(fn, ValueError, "lse_partial", f"shape (num_splits, batch, seqlen, nheads) = {tuple(out_partial.shape[:4])}",
+             f"shape {tuple(lse_partial.shape)}")
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else torch.float32
+    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        fail(fn, TypeError, "out_dtype", "torch.float32, torch.bfloat16 or torch.float16", out_dtype)
+    lse = torch.logsumexp(lse_partial, dim=0)
+    seen = torch.isfinite(lse)
+    weight = torch.where(seen[None], torch.exp(lse_partial - torch.where(seen, lse, 0.0)[None]), 0.0)
+    merged = (weight[..., None] * out_partial).sum(dim=0).to(out_dtype)
+    if out is not None:
+        if not _is_tensor(out) or out.dtype != out_dtype or out.shape != merged.shape:
+            fail(fn, ValueError, "out", f"a {out_dtype} tensor of shape {tuple(merged.shape)}", describe(out))
+        merged = out.copy_(merged)
+    # flash-attn 3 returns lse (batch, seqlen, nheads) as a view of (batch, nheads, seqlen) storage
+    return merged, lse.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def get_scheduler_metadata(*args, **kwargs) -> None:

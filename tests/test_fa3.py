@@ -10,6 +10,7 @@ flashtile call it maps to; the orders below are copied from flash-attn 3's
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 import torch
@@ -317,3 +318,26 @@ def test_varlen_stacked_equal_the_split_calls():
 def test_stacked_tensors_of_the_wrong_shape_are_refused(name, args, arg):
     with pytest.raises((ValueError, TypeError), match=arg):
         getattr(flashtile, name)(*args)
+
+
+def test_combine_of_key_halves_equals_attention_over_all_keys():
+    """flash-attn 3's flash_attn_combine: the two halves of the keys, each attended to with its
+    lse, merge into the attention over all of them (and rows that see no key stay 0 / -inf)."""
+    q, k, v = rand(2, 6, 4, 8, seed=130), rand(2, 10, 2, 8, seed=131), rand(2, 10, 2, 8, seed=132)
+    halves = [flashtile.flash_attn_func(q, k[:, s], v[:, s], return_lse=True) for s in (slice(0, 4), slice(4, 10))]
+    out_partial = torch.stack([o for o, _ in halves]).float()
+    lse_partial = torch.stack([l.transpose(1, 2) for _, l in halves]).float()  # (splits, b, s, h)
+    lse_partial[:, 0, 2] = -math.inf  # a row no split saw
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial, out_dtype=torch.bfloat16)
+    want, want_lse = flashtile.flash_attn_func(q, k, v, return_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.shape == (2, 6, 4) and lse.stride(1) == 1
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[0, 2] = False
+    torch.testing.assert_close(out[keep].float(), want[keep].float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(lse[keep], want_lse.transpose(1, 2)[keep].float(), rtol=1e-5, atol=1e-5)
+    assert (out[0, 2] == 0).all() and torch.isneginf(lse[0, 2]).all()
+    target = torch.empty(2, 6, 4, 8)
+    got, _ = fa3.flash_attn_combine(out_partial, lse_partial, out=target)
+    assert got is target and torch.equal(target[keep], fa3.flash_attn_combine(out_partial, lse_partial)[0][keep])
+    with pytest.raises(ValueError, match="lse_partial"):
+        fa3.flash_attn_combine(out_partial, lse_partial[:, :, :3])
