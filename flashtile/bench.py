@@ -206,6 +206,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--causal", choices=("true", "false", "both"), default="both")
     g.add_argument("--window", type=_window, metavar="LEFT,RIGHT",
                    help="sliding window (-1 = unbounded); causal forces RIGHT=0")
+    g.add_argument("--chunk", type=_size, default=0, metavar="C",
+                   help="chunked local attention (attention_chunk, Llama 4) in chunks of C keys; backends "
+                        "without it (SDPA) report unsupported, FlexAttention gets the chunk in its mask")
     g.add_argument("--mode", nargs="+", action=_list_action(_mode, flatten=True), metavar="MODE",
                    help="fwd, bwd, fwdbwd or all (GPU default all; CPU fwd fwdbwd)")
     g.add_argument("--dtype", choices=sorted(DTYPES), help="GPU default bf16, CPU fp32")
@@ -262,15 +265,18 @@ class Case:
     causal: bool
     window: tuple[int, int]
     dtype: str
+    chunk: int = 0  # attention_chunk (0: off)
 
     @property
     def mask(self) -> str:
         left, right = normalize_window(self.causal, self.window)
         if (left, right) == (-1, -1):
-            return "full"
-        if (left, right) == (-1, 0):
-            return "causal"
-        return f"{'causal ' if self.causal else ''}window({left},{right})"
+            mask = "full"
+        elif (left, right) == (-1, 0):
+            mask = "causal"
+        else:
+            mask = f"{'causal ' if self.causal else ''}window({left},{right})"
+        return f"{mask} chunk{_short(self.chunk)}" if self.chunk else mask
 
     @property
     def dims(self) -> str:
@@ -291,14 +297,14 @@ class Case:
 
     def flops(self, mode: str) -> int:
         return attention_flops(self.batch, self.nheads, self.seqlen_q, self.seqlen_k, self.headdim,
-                               self.headdim_v, self.causal, self.window, mode)
+                               self.headdim_v, self.causal, self.window, mode, self.chunk)
 
     def fields(self) -> dict:
         return {
             "batch": self.batch, "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k,
             "nheads": self.nheads, "nheads_kv": self.nheads_kv, "headdim": self.headdim,
             "headdim_v": self.headdim_v, "causal": self.causal, "window": list(self.window),
-            "mask": self.mask, "dtype": self.dtype,
+            "chunk": self.chunk, "mask": self.mask, "dtype": self.dtype,
         }
 
 
@@ -390,7 +396,8 @@ def resolve(args: argparse.Namespace, cuda_available: bool) -> Plan:
                         batch = max(1, (args.total_tokens or GPU_TOTAL_TOKENS) // s)
                     else:
                         batch = CPU_BATCH
-                    cases.append(Case(batch, s, s, nheads, nheads_kv, dim, dim_v, causal, window, _dtype_name(dtype)))
+                    cases.append(Case(batch, s, s, nheads, nheads_kv, dim, dim_v, causal, window, _dtype_name(dtype),
+                                      args.chunk))
     return Plan(device, dtype, cases, modes, backends, args.warmup, args.rep, not args.no_check,
                 args.time_limit, notes, args.rounds)
 
@@ -442,7 +449,8 @@ class Inputs:
 
 def _flashtile(case: Case, inp: Inputs, device: str) -> Runner:
     def fwd():
-        return flash_attn_func(inp.q, inp.k, inp.v, causal=case.causal, window_size=case.window)
+        return flash_attn_func(inp.q, inp.k, inp.v, causal=case.causal, window_size=case.window,
+                               attention_chunk=case.chunk)
 
     return Runner(fwd, [inp.q, inp.k, inp.v], inp.dout)
 
@@ -459,7 +467,7 @@ def _flashtile_fp8(case: Case, inp: Inputs, device: str) -> Runner:
 
     def fwd():
         return flash_attn_func(q8, k8, v8, causal=case.causal, window_size=case.window, q_descale=qd, k_descale=kd,
-                               v_descale=vd, out_dtype=inp.q.dtype)
+                               v_descale=vd, out_dtype=inp.q.dtype, attention_chunk=case.chunk)
 
     return Runner(fwd, [], inp.dout, "e4m3, forward only", forward_only=True)
 
@@ -470,6 +478,8 @@ def _sdpa(case: Case, inp: Inputs, device: str, backend: Optional[str]) -> Runne
 
     if backend is not None and device != "cuda":
         raise Unsupported(f"SDPA's {backend} backend needs CUDA")
+    if case.chunk:
+        raise Unsupported("SDPA has no chunked attention (only through a dense mask)")
     left, right = normalize_window(case.causal, case.window)
     if (left, right) == (-1, -1):
         is_causal = False
@@ -520,8 +530,9 @@ _flex_state = {"dynamic": True}  # set to False once a dynamic-shape compile has
 
 
 @functools.lru_cache(maxsize=None)
-def _flex_mask_mod(off: int, left: int, right: int):
-    """Bottom-right aligned visibility as a FlexAttention mask_mod (one object per window)."""
+def _flex_mask_mod(off: int, left: int, right: int, chunk: int = 0):
+    """Bottom-right aligned visibility as a FlexAttention mask_mod (one object per window and
+    chunk size)."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         diag = q_idx + off
@@ -530,6 +541,8 @@ def _flex_mask_mod(off: int, left: int, right: int):
             visible = visible & (kv_idx <= diag + right)
         if left >= 0:
             visible = visible & (kv_idx >= diag - left)
+        if chunk:
+            visible = visible & (diag // chunk == kv_idx // chunk)
         return visible
 
     return mask_mod
@@ -542,8 +555,8 @@ def _flex(case: Case, inp: Inputs, device: str) -> Runner:
 
     left, right = normalize_window(case.causal, case.window)
     block_mask = None
-    if (left, right) != (-1, -1):
-        mod = _flex_mask_mod(case.seqlen_k - case.seqlen_q, left, right)
+    if (left, right) != (-1, -1) or case.chunk:
+        mod = _flex_mask_mod(case.seqlen_k - case.seqlen_q, left, right, case.chunk)
         block_mask = create_block_mask(mod, None, None, case.seqlen_q, case.seqlen_k, device=device)
     flex = _compiled_flex(dynamic)
     q, k, v, dout = inp.bhsd()
@@ -574,8 +587,14 @@ def _flash_attn(case: Case, inp: Inputs, device: str) -> Runner:
         except ImportError as e:
             raise Unsupported("flash-attn is not installed") from e
 
+    kw = {}
+    if case.chunk:
+        if note != "FA3":
+            raise Unsupported("flash-attn 2 has no chunked attention")
+        kw["attention_chunk"] = case.chunk
+
     def fwd():
-        out = fa(inp.q, inp.k, inp.v, causal=case.causal, window_size=case.window)
+        out = fa(inp.q, inp.k, inp.v, causal=case.causal, window_size=case.window, **kw)
         return out[0] if isinstance(out, tuple) else out
 
     return Runner(fwd, [inp.q, inp.k, inp.v], inp.dout, note)
@@ -636,16 +655,34 @@ def check_flashtile(case: Case, inp: Inputs, out: torch.Tensor, grads, dtype: to
     window = normalize_window(case.causal, case.window)
     scale = reference.default_scale(case.headdim)
     qs, ks, vs = (x.detach()[:1, :, :h].float() for x, h in ((inp.q, hq), (inp.k, hk), (inp.v, hk)))
+    dout = inp.dout[:1, :, :hq].float() if grads is not None else None
     with torch.no_grad():
-        ref_out, ref_lse = reference.attention_forward(qs, ks, vs, scale, window)
+        ref_out, dref = _reference(qs, ks, vs, dout, scale, window, case.chunk)
         errs = {"out": (_rel_err(out[:1, :, :hq], ref_out), tol_out)}
         if grads is not None:
-            dout = inp.dout[:1, :, :hq].float()
-            dref = reference.attention_backward(dout, qs, ks, vs, ref_out, ref_lse, scale, window)
-            for name, g, r, h in zip(("dq", "dk", "dv"), grads, dref[:3], (hq, hk, hk)):
+            for name, g, r, h in zip(("dq", "dk", "dv"), grads, dref, (hq, hk, hk)):
                 errs[name] = (_rel_err(g[:1, :, :h], r), tol_grad)
     bad = [f"{n} rel err {e:.1e} > {t:.0e}" for n, (e, t) in errs.items() if not e <= t]
     return "; ".join(bad) or None
+
+
+def _reference(q, k, v, dout, scale, window, chunk: int):
+    """The reference's out and (with ``dout``) (dq, dk, dv), chunk by chunk when ``chunk`` > 0:
+    the chunks partition the query rows and the keys (``chunked.chunk_lengths``), each one an
+    attention of its own with the same window."""
+    from .chunked import chunk_lengths
+
+    pieces = zip(*chunk_lengths(q.shape[1], k.shape[1], chunk)) if chunk else [(q.shape[1], k.shape[1])]
+    outs, grads, row, key = [], [], 0, 0
+    for nq, nk in pieces:
+        qc, kc, vc = q[:, row : row + nq], k[:, key : key + nk], v[:, key : key + nk]
+        o, lse = reference.attention_forward(qc, kc, vc, scale, window)
+        outs.append(o)
+        if dout is not None:
+            grads.append(reference.attention_backward(dout[:, row : row + nq], qc, kc, vc, o, lse, scale, window)[:3])
+        row, key = row + nq, key + nk
+    dref = None if dout is None else [torch.cat([g[i] for g in grads], dim=1) for i in range(3)]
+    return torch.cat(outs, dim=1), dref
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,8 +30,10 @@ def _clamped_row_sum(start: int, rows: int, hi: int) -> int:
     return total
 
 
-def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-1, -1)) -> int:
-    """Exact count of (query, key) pairs the mask lets through, for any lengths and window.
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False, window_size=(-1, -1), chunk: int = 0) -> int:
+    """Exact count of (query, key) pairs the mask lets through, for any lengths and window
+    (``chunk`` > 0: chunked attention, the sum over ``chunked.chunk_lengths``' sequences, each
+    with the same rule).
 
     Row i sees keys ``[max(lo_i, 0), min(hi_i, seqlen_k - 1)]`` with ``lo_i = i + off - left``
     and ``hi_i = i + off + right``; since ``lo_i <= hi_i + 1`` its count is
@@ -40,6 +42,10 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False, window_siz
     """
     if seqlen_q < 0 or seqlen_k < 0:
         raise ValueError(f"visible_pairs: lengths must be >= 0, got {seqlen_q}, {seqlen_k}")
+    if chunk and seqlen_q:
+        from .chunked import chunk_lengths
+
+        return sum(visible_pairs(nq, nk, causal, window_size) for nq, nk in zip(*chunk_lengths(seqlen_q, seqlen_k, chunk)))
     left, right = normalize_window(causal, window_size)
     off = seqlen_k - seqlen_q
     upper = seqlen_q * seqlen_k if right < 0 else _clamped_row_sum(off + right + 1, seqlen_q, seqlen_k)
@@ -57,10 +63,11 @@ def attention_flops(
     causal: bool = False,
     window_size=(-1, -1),
     mode: str = "fwd",
+    chunk: int = 0,
 ) -> int:
     """FLOPs of one attention call (``mode`` in ``fwd``, ``bwd``, ``fwdbwd``); an exact int."""
     if mode not in _UNITS:
         raise ValueError(f"attention_flops: mode must be one of {MODES}, got {mode!r}")
     headdim_v = headdim if headdim_v is None else headdim_v
-    pairs = visible_pairs(seqlen_q, seqlen_k, causal, window_size)
+    pairs = visible_pairs(seqlen_q, seqlen_k, causal, window_size, chunk)
     return _UNITS[mode] * batch * nheads * pairs * (headdim + headdim_v)

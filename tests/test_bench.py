@@ -75,6 +75,28 @@ def test_closed_form_matches_dense_mask_everywhere():
         assert visible_pairs(sq, sk, causal, window) == brute_pairs(sq, sk, causal, window), (sq, sk, window, causal)
 
 
+def brute_chunked_pairs(sq: int, sk: int, causal: bool, window, chunk: int) -> int:
+    """Visible pairs of the dense mask with the chunk rule on top (row i at position i + off
+    sees key j only when both sit in one chunk)."""
+    left, right = window
+    if causal:
+        right = 0
+    off = sk - sq
+    return sum(1 for i in range(sq) for j in range(sk)
+               if (right < 0 or j <= i + off + right) and (left < 0 or j >= i + off - left)
+               and (i + off) // chunk == j // chunk)
+
+
+def test_chunked_counts_match_the_dense_mask():
+    for sq, sk, chunk, window, causal in itertools.product((1, 5, 13), (0, 1, 8, 13), (1, 3, 8),
+                                                           ((-1, -1), (2, 1), (4, -1)), (False, True)):
+        assert visible_pairs(sq, sk, causal, window, chunk) == brute_chunked_pairs(sq, sk, causal, window, chunk), \
+            (sq, sk, chunk, window, causal)
+    case = bench.Case(2, 64, 64, 4, 4, 32, 32, True, (-1, -1), "float32", 16)
+    assert case.mask == "causal chunk16"
+    assert case.flops("fwd") == 4 * 2 * 4 * brute_chunked_pairs(64, 64, True, (-1, -1), 16) * 32
+
+
 def test_headdim_v_and_modes():
     fwd = attention_flops(2, 4, 64, 96, 192, 128)
     assert fwd == 2 * 2 * 4 * 64 * 96 * (192 + 128)
@@ -240,6 +262,20 @@ def test_tiny_run_writes_every_file(tmp_path, capsys):
     for text in ("# flashtile bench", "## forward", "## backward", "## forward + backward",
                  "| mask | d | seqlen | batch | heads | flashtile | sdpa |", "## Geometric mean"):
         assert text in md
+
+
+def test_chunked_run_checks_flashtile_and_reports_sdpa_unsupported(tmp_path, capsys):
+    """``--chunk``: every case carries the chunk, flashtile is checked against the reference run
+    chunk by chunk (forward and backward) and timed; SDPA has no chunked attention."""
+    out = tmp_path / "c.json"
+    plan = plan_for(*TINY, "--chunk", "8")
+    assert {c.chunk for c in plan.cases} == {8} and all("chunk8" in c.mask for c in plan.cases)
+    code = bench.run(parse(*TINY, "--chunk", "8", "--mode", "fwd", "bwd", "--json", str(out)))
+    assert code == 0, capsys.readouterr().out
+    rows = json.loads(out.read_text())["results"]
+    ours = [r for r in rows if r["backend"] == "flashtile"]
+    assert ours and all(r["status"] == "ok" and r["chunk"] == 8 for r in ours), ours
+    assert all(r["status"] == "unsupported" for r in rows if r["backend"] == "sdpa")
 
 
 def _patched_flashtile(monkeypatch, fn):
