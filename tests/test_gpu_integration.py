@@ -142,6 +142,14 @@ def _hf_configs():
             attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=128,
             max_position_embeddings=1024,
         ),
+        # A chunked layer (chunks of 128 < 333 tokens: packed chunk sequences, the d = 64 packed
+        # kernels) beside a full one; one expert, so no router tie flips an expert.
+        "llama4_d64_chunked": transformers.Llama4TextConfig(
+            vocab_size=256, hidden_size=256, intermediate_size=256, intermediate_size_mlp=512, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64, attention_chunk_size=128,
+            num_local_experts=1, num_experts_per_tok=1, no_rope_layers=[1, 0], attn_temperature_tuning=False,
+            use_qk_norm=False, max_position_embeddings=1024,
+        ),
     }
 
 
@@ -157,7 +165,8 @@ def _run(model, ids):
     return logits.float().detach(), grads
 
 
-@pytest.mark.parametrize("case", ["llama_d64", "gpt_oss_d64_sinks_sliding", "gemma2_d128_softcap_sliding"])
+@pytest.mark.parametrize("case", ["llama_d64", "gpt_oss_d64_sinks_sliding", "gemma2_d128_softcap_sliding",
+                                  "llama4_d64_chunked"])
 def test_transformers_bf16_matches_eager_fp32(case):
     from transformers import AutoModelForCausalLM
 
