@@ -37,8 +37,9 @@ TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks")
 # --------------------------------------------------------------------------------------------
 
 
-def naive_mask(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1), device=None) -> torch.Tensor:
-    """Dense boolean (seqlen_q, seqlen_k) mask of visible keys, straight from design.md."""
+def naive_mask(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1), device=None, chunk: int = 0) -> torch.Tensor:
+    """Dense boolean (seqlen_q, seqlen_k) mask of visible keys, straight from design.md (with
+    ``chunk``: and row i, at key position i + off, sees only keys of its own chunk)."""
     left, right = window
     if causal:
         right = 0
@@ -50,6 +51,8 @@ def naive_mask(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1), devi
         vis = vis & (j <= i + off + right)
     if left >= 0:
         vis = vis & (j >= i + off - left)
+    if chunk:
+        vis = vis & ((i + off) // chunk == j // chunk)
     return vis
 
 
@@ -62,6 +65,7 @@ def naive_attention(
     window=(-1, -1),
     sinks: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
+    chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Full-matrix float64 attention: ``(out (b, sq, h, dv), lse (b, h, sq))``, both float64.
 
@@ -80,7 +84,7 @@ def naive_attention(
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~naive_mask(sq, sk, causal, window, q.device), NEG_INF)
+    s = s.masked_fill(~naive_mask(sq, sk, causal, window, q.device, chunk), NEG_INF)
     # One extra softmax column: the sink logit, or -inf (no mass) without sinks.  It also keeps
     # the max below well defined when seqlen_k == 0.
     if sinks is not None:
@@ -119,6 +123,7 @@ class Case:
     window: tuple[int, int] = (-1, -1)
     sinks: bool = False
     softcap: float = 0.0
+    chunk: int = 0  # attention_chunk
     quick: bool = True  # part of --quick
 
     def describe(self) -> str:
@@ -134,6 +139,8 @@ class Case:
             bits.append("sinks")
         if self.softcap:
             bits.append(f"cap{self.softcap:g}")
+        if self.chunk:
+            bits.append(f"chunk{self.chunk}")
         return " ".join(bits)
 
 
@@ -151,6 +158,7 @@ CASES = [
     Case("masked-rows-sinks", 20, 10, 4, 2, 64, 64, causal=True, window=(0, 0), sinks=True),
     Case("decode-mqa", 1, 50, 8, 1, 64, 64, causal=True, quick=False),
     Case("everything", 31, 47, 4, 2, 64, 32, causal=True, window=(9, -1), sinks=True, softcap=5.0),
+    Case("chunked-sinks", 45, 50, 4, 2, 64, 64, batch=2, causal=True, sinks=True, chunk=16, quick=False),
 ]
 
 
@@ -222,7 +230,8 @@ def _call(case: Case, q, k, v, sinks):
     from .interface import flash_attn_func
 
     return flash_attn_func(
-        q, k, v, causal=case.causal, window_size=case.window, sinks=sinks, softcap=case.softcap, return_lse=True
+        q, k, v, causal=case.causal, window_size=case.window, sinks=sinks, softcap=case.softcap, return_lse=True,
+        attention_chunk=case.chunk,
     )
 
 
@@ -241,7 +250,7 @@ def check_reference_case(case: Case, dtype: torch.dtype, seed: int) -> Result:
 
     nleaves = [_leaf(x.double()) if x is not None else None for x in (q, k, v, sinks)]
     n_out, n_lse = naive_attention(
-        *nleaves[:3], None, case.causal, case.window, nleaves[3], case.softcap
+        *nleaves[:3], None, case.causal, case.window, nleaves[3], case.softcap, case.chunk
     )
     n_grads = _loss_grads(n_out, n_lse, dout.double(), dlse.double(), nleaves)
 
@@ -266,7 +275,6 @@ def check_kernel_case(case: Case, dtype: torch.dtype, seed: int, device="cuda") 
 
     On ``device="cpu"`` the "kernel" is the reference path itself (a self-test of this harness).
     """
-    from . import reference
     from .kernels import debug
 
     gen = torch.Generator().manual_seed(seed)
@@ -291,15 +299,15 @@ def check_kernel_case(case: Case, dtype: torch.dtype, seed: int, device="cuda") 
 
     # ref32: the reference on the same (low-precision) values upcast to float32.
     f32 = [None if x is None else x.float() for x in (q, k, v, sinks)]
-    o32, l32 = reference.attention_forward(*f32[:3], scale, window, f32[3], case.softcap)
+    o32, l32 = _reference_forward(case, *f32[:3], scale, window, f32[3])
     # ref_lp: the reference fed the low-precision tensors (out rounded to dtype, lse float32).
-    olp, llp = reference.attention_forward(q, k, v, scale, window, sinks, case.softcap)
+    olp, llp = _reference_forward(case, q, k, v, scale, window, sinks)
     # Rows with lse = -inf get no lse gradient (the loss masks them).
     dl = dlse.masked_fill(torch.isneginf(l32), 0.0)
     refs = {"out": (out, olp, o32), "lse": (lse, llp, l32)}
     if grads is not None:
-        g32 = reference.attention_backward(dout.float(), *f32[:3], o32, l32, scale, window, f32[3], case.softcap, dl)
-        glp = reference.attention_backward(dout, q, k, v, olp, llp, scale, window, sinks, case.softcap, dl)
+        g32 = _reference_backward(case, dout.float(), *f32[:3], o32, l32, scale, window, f32[3], dl)
+        glp = _reference_backward(case, dout, q, k, v, olp, llp, scale, window, sinks, dl)
         for i, name in enumerate(TENSORS[2:]):
             if g32[i] is not None:
                 refs[name] = (grads[i], glp[i], g32[i])
@@ -335,6 +343,41 @@ def check_kernel_case(case: Case, dtype: torch.dtype, seed: int, device="cuda") 
     if any(err > bound for err, bound in res.errors.values()):
         res.status = "FAIL"
     return res
+
+
+def _chunk_slices(case: Case, sq: int, sk: int) -> list[tuple[slice, slice]]:
+    """(query rows, keys) of each chunk sequence (``chunked.chunk_lengths``), or the whole call."""
+    if not case.chunk:
+        return [(slice(0, sq), slice(0, sk))]
+    from .chunked import chunk_lengths
+
+    slices, row, key = [], 0, 0
+    for nq, nk in zip(*chunk_lengths(sq, sk, case.chunk)):
+        slices.append((slice(row, row + nq), slice(key, key + nk)))
+        row, key = row + nq, key + nk
+    return slices
+
+
+def _reference_forward(case: Case, q, k, v, scale, window, sinks):
+    """``reference.attention_forward``, chunk by chunk for a chunked case (out and lse joined)."""
+    from . import reference
+
+    parts = [reference.attention_forward(q[:, r], k[:, c], v[:, c], scale, window, sinks, case.softcap)
+             for r, c in _chunk_slices(case, q.shape[1], k.shape[1])]
+    return torch.cat([o for o, _ in parts], dim=1), torch.cat([l for _, l in parts], dim=2)
+
+
+def _reference_backward(case: Case, dout, q, k, v, out, lse, scale, window, sinks, dlse):
+    """``reference.attention_backward``, chunk by chunk for a chunked case: dq and dk / dv
+    joined over the chunks' rows and keys, dsinks summed."""
+    from . import reference
+
+    parts = [reference.attention_backward(dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r], scale,
+                                          window, sinks, case.softcap, dlse[:, :, r])
+             for r, c in _chunk_slices(case, q.shape[1], k.shape[1])]
+    dq, dk, dv = (torch.cat([p[i] for p in parts], dim=1) for i in range(3))
+    dsinks = None if parts[0][3] is None else sum(p[3] for p in parts)
+    return dq, dk, dv, dsinks
 
 
 # --------------------------------------------------------------------------------------------
