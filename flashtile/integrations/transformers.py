@@ -162,6 +162,17 @@ def _kind(fn) -> str:
     return "unknown"
 
 
+def _cell_values(fn) -> list:
+    """The values ``fn``'s closure holds (empty cells left out)."""
+    values = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # empty cell
+            continue
+    return values
+
+
 def _walk(fn, seen=None):
     """Yield (kind, function) for ``fn`` and every mask function captured in its closure."""
     seen = set() if seen is None else seen
@@ -169,11 +180,7 @@ def _walk(fn, seen=None):
         return
     seen.add(id(fn))
     yield _kind(fn), fn
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # empty cell
-            continue
+    for value in _cell_values(fn):
         items = value if isinstance(value, (tuple, list)) else (value,)
         for item in items:
             if callable(item) and hasattr(item, "__code__"):
@@ -198,8 +205,8 @@ def _check_chunk(config, kv_end: int) -> None:
     if chunk is None or kv_end > chunk:
         raise NotImplementedError(
             f"flashtile: chunked attention (attention_chunk_size={chunk}) over {kv_end} tokens is not "
-            f"supported under torch.compile / torch.export (only sequences within one chunk, where it is plain "
-            f"causal); run it eagerly, or {_HINT}"
+            f"supported here: under torch.compile / torch.export only sequences within one chunk (plain causal) "
+            f"run, and eager runs need the config's attention_chunk_size; run it eagerly, or {_HINT}"
         )
 
 
@@ -252,8 +259,7 @@ def _check_pattern(mask_function, kv_length, kv_offset, config, local_size, trac
         if kind in ("causal", "bidirectional", "and", "or", "sliding", "sliding_bidirectional", "packed_remap"):
             continue  # "or" alone is harmless; what it combines is checked on its own
         if kind == "packed":  # varlen, by document: the indices are the closure's tensor
-            documents = next((c.cell_contents for c in fn.__closure__ or ()
-                              if isinstance(c.cell_contents, torch.Tensor)), None)
+            documents = next((v for v in _cell_values(fn) if isinstance(v, torch.Tensor)), None)
             continue
         if kind == "chunked":
             chunk = getattr(config, "attention_chunk_size", None)
