@@ -142,8 +142,10 @@ def test_greedy_generation_with_cache_matches_eager(case):
     torch.testing.assert_close(ours.generate(prompt, **kwargs), ref.generate(prompt, **kwargs), atol=0, rtol=0)
 
 
-def test_compiled_training_step_fullgraph_matches_eager():
-    _, ours = _pair(_mistral, AutoModelForCausalLM)
+@pytest.mark.parametrize("make_config", [_mistral, _llama4_chunked], ids=["mistral_sliding", "llama4_chunked"])
+def test_compiled_training_step_fullgraph_matches_eager(make_config):
+    """Llama 4: its chunked layers (chunks of 8 < SEQ) run with attention_chunk in the graph."""
+    _, ours = _pair(make_config, AutoModelForCausalLM)
     ids = _ids()
     compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
     got = compiled(ids, use_cache=False).logits

@@ -48,8 +48,8 @@ own flash-attention path does (``modeling_flash_attention_utils._flash_attention
   whose attention modules do not receive ``position_ids`` (Llama 4) get the documents from
   the mask function (``MaskInfo.documents``).
 
-Chunked attention (Llama 4's ``chunked_attention`` layers, ``attention_chunk_size``), eager:
-the mask function hands ``attention_forward`` the chunk size and the cache position of the
+Chunked attention (Llama 4's ``chunked_attention`` layers, ``attention_chunk_size``), eager and
+under ``torch.compile`` (where padding is refused anyway): the mask function hands ``attention_forward`` the chunk size and the cache position of the
 first key (``MaskInfo``); the keys start at the first query's chunk (a sliding cache keeps
 only the last ``chunk - 1``) and the call passes ``attention_chunk``.  In a left-padded batch
 each row's chunks count from its first real token, so the padding mask also hides each row's
@@ -62,8 +62,7 @@ Refused with an error instead of being ignored:
 - a padding mask with holes (zeros between real tokens) together with a sliding window (the
   window would be measured over the compacted tokens);
 - any 4D mask that is not exactly the causal / sliding-window pattern computed here;
-- block-wise patterns, chunked ones beyond one chunk under ``torch.compile`` /
-  ``torch.export`` (and packed sequences with a chunk after the cache dropped keys), custom ``or_mask_function`` /
+- block-wise patterns, packed sequences with a chunk after the cache dropped keys, custom ``or_mask_function`` /
   ``and_mask_function`` overlays, and mask functions this module does not recognise
   (NotImplementedError);
 - KV caches whose keys include unfilled slots (static caches), paged caches, a partial set of
@@ -248,10 +247,10 @@ def _check_pattern(mask_function, kv_length, kv_offset, config, local_size, trac
         kind = _kind(mask_function)
         if kind in ("causal", "bidirectional"):
             return None, None
-        if kind == "and":
+        if kind == "and":  # a chunked layer's pattern (chunk overlay and causal) when local_size is the chunk
             chunk = getattr(config, "attention_chunk_size", None)
-            if chunk is not None and local_size == chunk:
-                _check_chunk(config, kv_length + kv_offset)
+            if chunk is not None and local_size == chunk and kv_length + kv_offset > chunk:
+                return chunk, None
             return None, None
         raise _unsupported(kind, mask_function)
     chunked = documents = None
