@@ -276,6 +276,27 @@ def test_llama4_chunked_padded_generation_and_continued_prefill_match_eager():
             _close(logits[1], logits[0])
 
 
+def test_llama4_chunked_decode_steps_take_the_decode_route_with_a_left_pad(monkeypatch):
+    """A chunked layer's decode step runs the KV-cache decode route over the cache as it is,
+    the keys before the query's chunk hidden as the left pad (no copy of a sliced cache)."""
+    ref, ours = _pair(_llama4_chunked, AutoModelForCausalLM)
+    ref.eval(), ours.eval()
+    starts = []
+    route = ft_hf._decode_over_cache
+
+    def spy(query, key, value, opts, start=0):
+        out = route(query, key, value, opts, start)
+        if out is not None:
+            starts.append(start)
+        return out
+
+    monkeypatch.setattr(ft_hf, "_decode_over_cache", spy)
+    prompt = _ids(batch=1, seq=5)
+    kwargs = dict(max_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    torch.testing.assert_close(ours.generate(prompt, **kwargs), ref.generate(prompt, **kwargs), atol=0, rtol=0)
+    assert any(s > 0 for s in starts), f"no chunked decode step took the decode route with a left pad: {starts}"
+
+
 def test_padding_with_holes_and_sliding_window_is_refused():
     _, ours = _pair(_mistral, AutoModelForCausalLM)
     ids = _ids(seq=8)

@@ -453,7 +453,7 @@ DECODE_KERNEL_ENV = "FLASHTILE_HF_DECODE_KERNEL"
 _DECODE_MAX_Q = 16  # new tokens per step (speculative decoding proposes a few)
 
 
-def _decode_over_cache(query, key, value, opts: dict) -> Optional[torch.Tensor]:
+def _decode_over_cache(query, key, value, opts: dict, start: int = 0) -> Optional[torch.Tensor]:
     """A decode step -- a few new queries over the model's whole key cache, no mask -- through
     ``flash_attn_with_kvcache``'s split-KV decode kernel instead of the dense kernel, or None
     when the step does not qualify (the caller then runs ``flash_attn_func``).
@@ -463,8 +463,9 @@ def _decode_over_cache(query, key, value, opts: dict) -> Optional[torch.Tensor]:
     head: ``key.reshape(b * hkv, sk, 1, d)`` is a view, so no cache bytes are copied; the
     queries of that kv head's group (heads ``hk * g .. hk * g + g - 1``, the grouping of
     ``repeat_kv``) become its query heads.  Bottom-right causal / window alignment over the
-    ``sk`` keys is the same rule as ``flash_attn_func``'s.  Not with sinks (their per-head
-    values would need the folded head index).
+    ``sk`` keys is the same rule as ``flash_attn_func``'s.  ``start``: keys before it are
+    invisible (a chunked layer's keys before the queries' chunk), the cache's left pad.  Not
+    with sinks (their per-head values would need the folded head index).
     """
     if os.environ.get(DECODE_KERNEL_ENV, "1") in ("", "0") or opts["sinks"] is not None or torch.is_grad_enabled():
         return None
@@ -480,29 +481,32 @@ def _decode_over_cache(query, key, value, opts: dict) -> Optional[torch.Tensor]:
 
         if unsupported_reason(q, kc, vc) is not None:
             return None
-    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sk, softmax_scale=opts["softmax_scale"],
+    leftpad = torch.full((b * hkv,), start, dtype=torch.int32, device=q.device) if start else None
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sk, cache_leftpad=leftpad, softmax_scale=opts["softmax_scale"],
                                   causal=opts["causal"], window_size=opts["window_size"], softcap=opts["softcap"])
     return out.reshape(b, hkv, sq, g, dv).permute(0, 2, 1, 3, 4).reshape(b, sq, h, dv)
 
 
-def _from_first_chunk(mask: MaskInfo, query, key, value, packed: bool):
-    """key and value (batch, kv heads, seq, dim) from the first query's chunk on: transformers'
-    chunks start at cache positions that are multiples of the size, ``flash_attn_func``'s at its
-    first key, and no query sees a key before its own chunk.  Padded and packed batches keep
-    every key: their chunks count from each sequence's first token (``flash_attn_varlen_func``)."""
-    if mask.padding is not None:  # the padding mask hides each row's keys before its chunk
-        return key, value
+def _first_chunk_key(mask: MaskInfo, query, key, packed: bool) -> int:
+    """The index of the first key of the first query's chunk in ``key`` (batch, kv heads, seq,
+    dim): transformers' chunks start at cache positions that are multiples of the size,
+    ``flash_attn_func``'s at its first key, and no query sees a key before its own chunk, so the
+    keys are used from there.  0 for padded and packed batches: their chunks count from each
+    sequence's first token (``flash_attn_varlen_func``; the padding mask hides each row's keys
+    before its chunk)."""
+    if mask.padding is not None:
+        return 0
     if packed:
         if mask.kv_offset:
             raise NotImplementedError(f"flashtile: chunked attention over packed sequences after the cache dropped "
                                       f"keys (from position {mask.kv_offset}) is not supported; {_HINT}")
-        return key, value
+        return 0
     first = mask.kv_offset + key.shape[2] - query.shape[2]  # cache position of the first query
     start = first // mask.chunk * mask.chunk - mask.kv_offset
     if start < 0:
         raise NotImplementedError(f"flashtile: the keys (from cache position {mask.kv_offset}) start after the first "
                                   f"query's chunk (from {start + mask.kv_offset}): that chunk's keys are gone; {_HINT}")
-    return key[:, :, start:], value[:, :, start:]
+    return start
 
 
 def attention_forward(
@@ -558,13 +562,12 @@ def attention_forward(
         softmax_scale=scaling, causal=bool(is_causal), window_size=window, sinks=s_aux, softcap=softcap,
         deterministic=bool(deterministic),
     )
-    chunked, documents = False, None
+    chunked, documents, start = False, None, 0
     if isinstance(attention_mask, MaskInfo):
         info, attention_mask, documents = attention_mask, attention_mask.padding, attention_mask.documents
         chunked = info.chunk is not None  # a chunked layer whose keys reach past one chunk
         if chunked:
-            packed = varlen_kwargs[0] is not None or documents is not None
-            key, value = _from_first_chunk(info, query, key, value, packed)
+            start = _first_chunk_key(info, query, key, packed=varlen_kwargs[0] is not None or documents is not None)
             opts["attention_chunk"] = info.chunk
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
     b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
@@ -597,11 +600,11 @@ def attention_forward(
     if attention_mask is not None:
         folded = (window[0], 0) if is_causal else window
         _check_dense_mask(attention_mask, sq, sk, folded, q.device)
-    elif not _tracing(query) and (not chunked or sk <= opts["attention_chunk"]):  # the decode route has no chunks
-        out = _decode_over_cache(query, key, value, opts)
+    elif not _tracing(query) and (not chunked or sk - start <= opts["attention_chunk"]):  # one chunk: a left pad
+        out = _decode_over_cache(query, key, value, opts, start)
         if out is not None:
             return out, None
-    return flash_attn_func(q, k, v, **opts), None
+    return flash_attn_func(q, k[:, start:], v[:, start:], **opts), None
 
 
 def register(name: str = ATTN_IMPLEMENTATION) -> str:
