@@ -122,6 +122,19 @@ def test_varlen_training_step_replays():
     _replays_match([*static, dout], lambda: [*draw(), torch.randn_like(dout)], step, ("out", "dq", "dk", "dv"))
 
 
+def test_chunked_training_step_replays():
+    """``attention_chunk`` (chunks of 100 over 257 tokens: packed chunk sequences whose offsets
+    were made on the warm-up call): forward + deterministic backward in one graph."""
+    static = _qkv(requires_grad=True)
+    dout = torch.randn(2, 257, 8, 128, device="cuda", dtype=BF16)
+
+    def step():
+        out = flashtile.flash_attn_func(*static, causal=True, deterministic=True, attention_chunk=100)
+        return (out, *torch.autograd.grad(out, static, dout))
+
+    _replays_match([*static, dout], lambda: [*_qkv(), torch.randn_like(dout)], step, ("out", "dq", "dk", "dv"))
+
+
 def test_fp8_forward_replays():
     """The FP8 forward, its V^T pre-pass included; the descales are graph inputs too."""
     import flashtile.fp8
@@ -135,12 +148,14 @@ def test_fp8_forward_replays():
                                                                  return_lse=True), ("out", "lse"))
 
 
-@pytest.mark.parametrize("page", [None, 16], ids=["contig", "page16"])
+@pytest.mark.parametrize("page, chunk", [(None, 0), (16, 0), (16, 96)], ids=["contig", "page16", "page16-chunk96"])
 @pytest.mark.parametrize("sq", [1, 4])
-def test_decode_step_replays(page, sq):
+def test_decode_step_replays(page, sq, chunk):
     """A serving loop's step: append ``sq`` new tokens per sequence (rotary on), attend over the
     cache, then advance ``cache_seqlens`` in place; the replayed graph must write the same cache
-    rows and return the same output as eager steps on a copy of the cache."""
+    rows and return the same output as eager steps on a copy of the cache.  With ``chunk``, each
+    token's chunk start is a left pad computed on the device from the lengths the loop advances
+    (``attention_chunk``; 4 tokens at 700 + 8k cross a chunk boundary of 96 in later steps)."""
     b, hkv, d, capacity = 3, 2, 128, 1024
     lens0 = torch.tensor([700, 1, 333], dtype=torch.int32, device="cuda")
     if page is None:
@@ -164,7 +179,7 @@ def test_decode_step_replays(page, sq):
     def step(kc, vc, lens):
         return flashtile.flash_attn_with_kvcache(static[0], kc, vc, k=static[1], v=static[2], rotary_cos=cos,
                                                  rotary_sin=sin, cache_seqlens=lens, block_table=block_table,
-                                                 causal=True, return_lse=True)
+                                                 causal=True, return_lse=True, attention_chunk=chunk)
 
     # Warm-up and capture write into scratch copies of the caches; the graph then runs on the
     # caches it captured, so give it those and check against eager steps on twin copies.

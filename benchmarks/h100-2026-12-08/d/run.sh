@@ -12,7 +12,7 @@ OUTDIR=$1
 export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache}
 bash benchmarks/kernel_cache.sh unpack
 timeout ${NEW_S:-120} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_integration.py \
-  tests/test_gpu_kvcache.py tests/test_gpu_varlen.py -k "fa3 or chunked or qkvpacked or llama4" > "$OUTDIR/new_tests.log" 2>&1
+  tests/test_gpu_kvcache.py tests/test_gpu_varlen.py tests/test_gpu_graphs.py -k "fa3 or chunk or qkvpacked or llama4" > "$OUTDIR/new_tests.log" 2>&1
 echo "new GPU tests rc=$?: $(tail -n 1 "$OUTDIR/new_tests.log")"
 grep -E "FAILED|Error" "$OUTDIR/new_tests.log" | head -20
 w=/tmp/d; mkdir -p "$w"
