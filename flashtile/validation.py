@@ -154,15 +154,13 @@ def check_sinks(fn: str, sinks, nheads: int, device, name: str = "sinks") -> Non
         fail(fn, ValueError, f"{name}.device", f"q's device {device}", sinks.device)
 
 
-def reject_unsupported(fn: str, dropout_p=0.0, alibi_slopes=None, block_table=None) -> None:
+def reject_unsupported(fn: str, dropout_p=0.0, alibi_slopes=None) -> None:
     """flash-attn options flashtile does not implement: refused, never ignored.
 
     ``dropout_p`` may be 0 or None.  A nonzero value may also be a softmax scale passed
-    fourth in flash-attn 3's order; the message says so.  ``block_table`` is flash-attn 2's
-    paged K/V for ``flash_attn_varlen_func`` (None only here).
+    fourth in flash-attn 3's order; the message says so.
     """
-    if (alibi_slopes is None and block_table is None
-            and (dropout_p is None or (type(dropout_p) is float and dropout_p == 0.0))):
+    if alibi_slopes is None and (dropout_p is None or (type(dropout_p) is float and dropout_p == 0.0)):
         return  # the common case, checked first
     if dropout_p is not None:
         if not is_real(dropout_p):
@@ -177,11 +175,6 @@ def reject_unsupported(fn: str, dropout_p=0.0, alibi_slopes=None, block_table=No
     if alibi_slopes is not None:
         raise NotImplementedError(
             f"{fn}: alibi_slopes is not supported (got {describe(alibi_slopes)}); pass alibi_slopes=None"
-        )
-    if block_table is not None:
-        raise NotImplementedError(
-            f"{fn}: block_table (paged K/V) is not supported here (got {describe(block_table)}); pass "
-            "block_table=None, or attend over a paged cache with flash_attn_with_kvcache(..., block_table=...)"
         )
 
 

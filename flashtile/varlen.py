@@ -65,7 +65,7 @@ def flash_attn_varlen_func(
     alibi_slopes: None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-    block_table: None = None,
+    block_table: Optional[Tensor] = None,
     *,
     sinks: Optional[Tensor] = None,
     return_lse: bool = False,
@@ -93,9 +93,12 @@ def flash_attn_varlen_func(
             sequence).
         return_attn_probs: return ``(out, lse, None)`` (flash-attn's third value, the dropout
             mask, is always None here).
-        block_table: must be None: flash-attn 2's paged K/V for this function is not supported
-            (NotImplementedError; ``flash_attn_with_kvcache`` takes paged caches).  In flash-attn
-            2's position, so its positional call sites bind the same way.
+        block_table: None, or int32 (batch, max_blocks_per_seq): flash-attn 2's paged K/V.  Then
+            k and v are caches (num_blocks, page_size, nheads_kv, headdim / headdim_v), key j
+            of sequence b lives at ``k[block_table[b, j // page_size], j % page_size]``, and
+            ``cu_seqlens_k`` gives each sequence's key count.  The pages are gathered into the
+            packed layout first (a copy of every listed page; on the device, no sync), so
+            ``flash_attn_with_kvcache`` is the cheaper call for decoding.
         return_lse: return ``(out, lse)``.
         seqused_q, seqused_k: None or int32 (batch,): use only the first ``seqused[b]`` tokens
             of sequence b.
@@ -121,7 +124,9 @@ def flash_attn_varlen_func(
     the contract above) runs the dense kernels on a (batch, max_seqlen, ...) view: same
     results, dense speed (``kernels.equal_lengths``).
     """
-    V.reject_unsupported(FN, dropout_p, alibi_slopes, block_table)
+    V.reject_unsupported(FN, dropout_p, alibi_slopes)
+    if block_table is not None:
+        k, v, cu_seqlens_k, seqused_k = _unpage(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k, seqused_k)
     V.check_flags(FN, causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs,
                   return_lse=return_lse)
     validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, window_size,
@@ -189,6 +194,38 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, so
         if m < 0:
             _fail(ValueError, name, "an int >= 0", m)
     check_options(FN, q, k, v, softmax_scale, window_size, softcap, sinks, h, fp8, batch, hkv)
+
+
+def _unpage(q, k, v, block_table, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """flash-attn 2's paged K/V as the packed layout: (k, v, cu_seqlens_k, seqused_k).
+
+    Every sequence gets its ``max_blocks_per_seq * page_size`` gathered positions as its segment
+    (so the offsets are known without reading ``cu_seqlens_k``) and uses the first
+    ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` of them (or ``seqused_k[b]``); table entries past
+    a sequence's pages may hold anything, -1 included (clamped for the gather, never attended)."""
+    if not isinstance(block_table, torch.Tensor):
+        _fail(TypeError, "block_table", "None or an int32 tensor (batch, max_blocks_per_seq)", V.describe(block_table))
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        _fail(ValueError, "block_table", "an int32 tensor (batch, max_blocks_per_seq)",
+              f"{block_table.dtype} of shape {tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        _fail(ValueError, "block_table.device", f"q's device {q.device}", block_table.device)
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            _fail(ValueError, name, "a paged cache (num_blocks, page_size, nheads_kv, headdim) with block_table",
+                  V.describe(x) if not isinstance(x, torch.Tensor) else f"shape {tuple(x.shape)}")
+    if tuple(v.shape[:3]) != tuple(k.shape[:3]) or k.shape[0] == 0:
+        _fail(ValueError, "v.shape[:3]", f"k's (num_blocks, page_size, nheads_kv) {tuple(k.shape[:3])}, num_blocks >= 1",
+              tuple(v.shape[:3]))
+    for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_index_tensor(name, x, "(batch + 1,)", block_table.shape[0] + 1, q.device)
+    batch, blocks = block_table.shape
+    segment = blocks * k.shape[1]
+    pages = block_table.clamp(0, k.shape[0] - 1).long()
+    k, v = (x[pages].reshape(batch * segment, *x.shape[2:]) for x in (k, v))
+    used = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    offsets = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * segment
+    return k, v, offsets, used
 
 
 def content_checks_enabled(device: torch.device) -> bool:

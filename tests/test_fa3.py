@@ -203,15 +203,33 @@ def _call(fn_name, **kwargs):
 # --- flash-attn 2's remaining signature details -------------------------------------------------
 
 
-def test_varlen_block_table_is_flash_attn_2s_sixteenth_argument_and_refused():
-    params = positional(flashtile.flash_attn_varlen_func)
-    assert params[15] == "block_table", "flash-attn 2's varlen call has block_table 16th"
-    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
-    q, k, v = rand(9, 4, 16), rand(9, 2, 16), rand(9, 2, 16)
-    out = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, 0.0, None, True, (-1, -1), 0.0, None, False, False, None)
-    assert torch.equal(out, flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, causal=True))
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, block_table=torch.zeros(2, 1, dtype=torch.int32))
+def test_varlen_block_table_is_flash_attn_2s_paged_kv():
+    """flash-attn 2's 16th positional argument: k / v are page caches read through the table
+    (entries past a sequence's pages may be -1); equal to the call on the gathered keys, and the
+    gradients reach the pages."""
+    assert positional(flashtile.flash_attn_varlen_func)[15] == "block_table"
+    lens_q, lens_k, page = [3, 1, 6], [5, 0, 9], 4
+    cu_q = torch.tensor([0, 3, 4, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 5, 14], dtype=torch.int32)
+    q = rand(10, 4, 8, seed=140)
+    k_pages, v_pages = rand(8, page, 2, 8, seed=141).requires_grad_(), rand(8, page, 2, 8, seed=142).requires_grad_()
+    table = torch.tensor([[3, 6, -1], [-1, -1, -1], [0, 7, 2]], dtype=torch.int32)
+    got = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 6, 9, 0.0, None, True, (-1, -1), 0.0,
+                                           None, False, False, table)
+    gathered = [torch.cat([x[p] for p in table[b].tolist() if p >= 0])[:n] if n else x[0, :0]
+                for x in (k_pages, v_pages) for b, n in enumerate(lens_k)]
+    k, v = torch.cat(gathered[:3]), torch.cat(gathered[3:])
+    want = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 9, causal=True)
+    assert torch.equal(got, want), "paged varlen differs from the call on the gathered keys"
+    dout = rand(*got.shape, seed=143)
+    g_got = torch.autograd.grad((got * dout).sum(), (k_pages, v_pages))
+    g_want = torch.autograd.grad((want * dout).sum(), (k_pages, v_pages))
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="block_table"):
+        flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 6, 9, block_table=table.long())
+    with pytest.raises(ValueError, match="paged cache"):
+        flashtile.flash_attn_varlen_func(q, k.detach(), v.detach(), cu_q, cu_k, 6, 9, block_table=table)
 
 
 @pytest.mark.parametrize("paged", [False, True])
