@@ -54,6 +54,56 @@ def _top_left_to_kernel(seqlen_q: int, seqlen_k: int, left: int, right: int):
     return sq, sk, (kernel_left, kernel_right)
 
 
+def _key_padding(name: str, attn_mask, batch: int, nheads: int, seqlen_q: int, seqlen_k: int, is_causal: bool,
+                 window) -> torch.Tensor:
+    """(batch, seqlen_k) bool: the keys each batch entry attends to, from a key-padding
+    ``attn_mask`` (see ``scaled_dot_product_attention``), or NotImplementedError naming why not."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"{name}: attn_mask must be None or a torch.Tensor, got {type(attn_mask).__name__}")
+    if is_causal:
+        raise RuntimeError(f"{name}: attn_mask and is_causal=True cannot both be set (as in PyTorch)")
+    if tuple(window) != (-1, -1):
+        raise NotImplementedError(f"{name}: attn_mask with window_size={tuple(window)} is not supported")
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape) if attn_mask.dim() <= 4 else None
+    wanted = (batch, nheads, seqlen_q, seqlen_k)
+    if shape is None or any(s not in (1, w) for s, w in zip(shape, wanted)):
+        raise RuntimeError(f"{name}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {wanted}")
+    if shape[1] != 1 or shape[2] != 1:
+        raise NotImplementedError(
+            f"{name}: attn_mask of shape {tuple(attn_mask.shape)} masks per head or per query row; only "
+            "key-padding masks (size 1 over heads and query rows, e.g. (batch, 1, 1, seqlen_k)) are supported: "
+            "express other patterns with is_causal / window_size, or use torch.nn.functional."
+            "scaled_dot_product_attention"
+        )
+    mask = attn_mask.reshape(shape[0], shape[3])
+    if mask.dtype == torch.bool:
+        keep = mask
+    elif mask.is_floating_point():
+        keep = mask == 0
+        if not bool(((mask == 0) | torch.isneginf(mask)).all()):
+            raise NotImplementedError(f"{name}: a float attn_mask must hold only 0 and -inf (no finite biases)")
+    else:
+        raise TypeError(f"{name}: attn_mask must be bool or floating point, got {mask.dtype}")
+    return keep.expand(batch, seqlen_k)
+
+
+def _attend_kept_keys(q, k, v, keep: torch.Tensor, scale, sinks, softcap) -> torch.Tensor:
+    """(batch, seqlen_q, nheads, headdim_v): every query row of entry b over the keys ``keep[b]``
+    marks, as packed sequences (all rows of an entry, its kept keys) in ``flash_attn_varlen_func``."""
+    from .varlen import flash_attn_varlen_func
+
+    b, sq = q.shape[:2]
+    counts = keep.sum(dim=-1, dtype=torch.int32)
+    idx = keep.flatten().nonzero().flatten()
+    cu_k = torch.nn.functional.pad(counts.cumsum(0, dtype=torch.int32), (1, 0))
+    cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32) * sq
+    max_k = int(counts.max()) if counts.numel() else 0
+    kk, vv = (x.reshape(-1, *x.shape[2:]).index_select(0, idx) for x in (k, v))
+    out = flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), kk, vv, cu_q, cu_k, sq, max_k, softmax_scale=scale,
+                                 sinks=sinks, softcap=softcap)
+    return out.reshape(b, sq, *out.shape[1:])
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -73,8 +123,14 @@ def scaled_dot_product_attention(
         query: (batch, nheads, seqlen_q, headdim).
         key: (batch, nheads_kv, seqlen_k, headdim).
         value: (batch, nheads_kv, seqlen_k, headdim_v); headdim_v may differ from headdim.
-        attn_mask: must be None.  Arbitrary masks are not supported (``NotImplementedError``);
-            express the pattern with ``is_causal`` / ``window_size``, or call PyTorch's SDPA.
+        attn_mask: None, or a key-padding mask: a bool mask (True = attend) or an additive float
+            mask of 0 / -inf entries whose shape broadcasts to (batch, nheads, seqlen_q, seqlen_k)
+            with size 1 over heads and query rows, e.g. (batch, 1, 1, seqlen_k), as encoders
+            pass it.  Each batch entry's kept keys are packed and run through
+            ``flash_attn_varlen_func`` (reading the mask: one device sync); not with
+            ``is_causal`` (PyTorch refuses both) or a window.  Any other mask (per-query rows,
+            finite biases) raises ``NotImplementedError``: express the pattern with
+            ``is_causal`` / ``window_size``, or call PyTorch's SDPA.
         dropout_p: must be 0.0 (``NotImplementedError`` otherwise); flashtile has no dropout.
         is_causal: PyTorch's causal mask, aligned top-left: row i sees keys ``j <= i``.
         scale: scores are ``q . k * scale``; default ``1 / sqrt(headdim)``.
@@ -93,12 +149,6 @@ def scaled_dot_product_attention(
         (and have no sink) are zeros, where PyTorch's math backend returns NaN.
     """
     name = "flashtile.scaled_dot_product_attention"
-    if attn_mask is not None:
-        raise NotImplementedError(
-            f"{name}: attn_mask is not supported (got a {type(attn_mask).__name__}); flashtile computes "
-            "causal and sliding-window masks itself: pass is_causal=True and/or window_size=(left, right), "
-            "or use torch.nn.functional.scaled_dot_product_attention for arbitrary masks"
-        )
     if dropout_p != 0.0:
         raise NotImplementedError(
             f"{name}: dropout_p must be 0.0, got {dropout_p}; flashtile has no attention dropout"
@@ -132,6 +182,10 @@ def scaled_dot_product_attention(
 
     # (b, h, s, d) -> (b, s, h, d) views; flash_attn_func validates the rest.
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    if attn_mask is not None:
+        keep = _key_padding(name, attn_mask, q.shape[0], key.shape[1], q.shape[1], k.shape[1], is_causal, (left, right))
+        out = _attend_kept_keys(q, k, v, keep, scale, sinks, softcap)
+        return out.transpose(1, 2)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     sq, sk, window = _top_left_to_kernel(seqlen_q, seqlen_k, left, right)
     if sk != seqlen_k:

@@ -374,6 +374,45 @@ def test_sdpa_sinks_softcap_match_flash_attn_func():
     _assert_same_with_grads(ours, ref, (q, k, v, s))
 
 
+@pytest.mark.parametrize("form", ["bool-b11k", "float-b11k", "bool-1k"])
+def test_sdpa_key_padding_masks_match_torch_with_gradients(form):
+    """Key-padding masks (encoders' (batch, 1, 1, seqlen_k)): every query row of an entry over
+    its kept keys, as PyTorch's SDPA computes them; gradients too."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(3, 4, 7, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(3, 2, 9, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 2, 9, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(3, 1, 1, 9, dtype=torch.bool)
+    keep[0, ..., 6:] = False  # right padding
+    keep[2, ..., :3] = False  # left padding and a hole
+    keep[2, ..., 5] = False
+    if form == "bool-1k":  # one row for every entry, query row and head
+        keep = keep[0, 0]
+    mask = keep if form.startswith("bool") else torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -math.inf)
+    ours = flashtile.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    kx, vx = (x.repeat_interleave(2, dim=1) for x in (k, v))  # PyTorch's math path with an explicit GQA expansion
+    theirs = F.scaled_dot_product_attention(q, kx, vx, attn_mask=mask)
+    _assert_same_with_grads(ours, theirs, (q, k, v))
+
+
+def test_sdpa_key_padding_rows_without_keys_are_zero_and_other_masks_are_refused():
+    q, k, v = _bhsd()
+    keep = torch.ones(q.shape[0], 1, 1, k.shape[2], dtype=torch.bool)
+    keep[0] = False  # entry 0 sees no key: zeros here, NaN in PyTorch's math backend
+    out = flashtile.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert (out[0] == 0).all() and torch.isfinite(out).all()
+    with pytest.raises(NotImplementedError, match="per head or per query row"):
+        flashtile.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(q.shape[2], k.shape[2], dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="finite biases"):
+        flashtile.scaled_dot_product_attention(q, k, v, attn_mask=torch.full(keep.shape, 0.5, dtype=q.dtype))
+    with pytest.raises(RuntimeError, match="is_causal"):
+        flashtile.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=True)
+    with pytest.raises(NotImplementedError, match="window_size"):
+        flashtile.scaled_dot_product_attention(q, k, v, attn_mask=keep, window_size=(2, 2))
+    with pytest.raises(RuntimeError, match="broadcast"):
+        flashtile.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 1, 1, 3, dtype=torch.bool))
+
+
 def test_sdpa_rejects_what_it_does_not_support():
     q, k, v = _bhsd()
     with pytest.raises(NotImplementedError, match="attn_mask"):
