@@ -6,7 +6,8 @@ across the entry points, each checked against the CPU reference; memory must not
 Entry points, picked at random per call: ``flash_attn_func`` forward + backward (random GQA
 ratio, causal / window / full, sinks, softcap, Sq != Sk), ``flash_attn_varlen_func`` forward +
 backward (random packings including empty sequences), ``flash_attn_with_kvcache`` (contiguous
-or paged with a random page size, 1-4 new tokens appended).  Shapes are odd and small (the CPU
+or paged with a random page size, 1-4 new tokens appended); each with ``attention_chunk`` in
+about a quarter of the calls.  Shapes are odd and small (the CPU
 reference runs every call in float32), head dims 64 and 128 and dtype bf16, so the kernels are
 the handful the device sessions already build: the load, not compilation, is what is tested.
 
@@ -39,6 +40,11 @@ def close(got, want, tol, floor=1e-3) -> bool:
     return got.numel() == 0 or (got.float().cpu() - want).abs().max().item() <= tol * scale + floor
 
 
+def _chunk(rng: random.Random) -> int:
+    """attention_chunk for a call: 0 (off) in three calls of four, else a size around the lengths."""
+    return rng.choice([0, 0, 0, rng.choice([16, 64, 100])])
+
+
 def dense_case(rng: random.Random):
     b, hkv = rng.choice([1, 2, 3]), rng.choice([1, 2])
     h = hkv * rng.choice([1, 2, 4])
@@ -46,7 +52,7 @@ def dense_case(rng: random.Random):
     d = rng.choice([64, 128])
     mask = rng.choice(["full", "causal", "window"])
     kw = dict(causal=mask == "causal", window_size=(rng.randint(0, 40), rng.randint(0, 40)) if mask == "window" else (-1, -1),
-              softcap=rng.choice([0.0, 0.0, 20.0]))
+              softcap=rng.choice([0.0, 0.0, 20.0]), attention_chunk=_chunk(rng))
     q, k, v = (torch.randn(b, s, n, d) for s, n in ((sq, h), (sk, hkv), (sk, hkv)))
     sinks = torch.randn(h) if rng.random() < 0.3 else None
     dout = torch.randn(b, sq, h, d)
@@ -58,7 +64,8 @@ def dense_case(rng: random.Random):
         grads = torch.autograd.grad(out, leaves + ([s] if s is not None else []), dout.to(device, dtype))
         return [out.detach(), *[g.detach() for g in grads]]
 
-    return f"dense b{b} h{h}/{hkv} sq{sq} sk{sk} d{d} {mask} sinks={sinks is not None} cap={kw['softcap']}", run
+    return (f"dense b{b} h{h}/{hkv} sq{sq} sk{sk} d{d} {mask} sinks={sinks is not None} cap={kw['softcap']} "
+            f"chunk={kw['attention_chunk']}", run)
 
 
 def varlen_case(rng: random.Random):
@@ -68,6 +75,7 @@ def varlen_case(rng: random.Random):
     hkv, d = rng.choice([1, 2]), rng.choice([64, 128])
     h = hkv * rng.choice([1, 4])
     causal = rng.random() < 0.5
+    chunk = _chunk(rng)
     cu = lambda ls: torch.tensor([0] + list(torch.tensor(ls).cumsum(0).tolist()), dtype=torch.int32)  # noqa: E731
     cq, ck = cu(lq), cu(lk)
     q, k, v = torch.randn(sum(lq), h, d), torch.randn(sum(lk), hkv, d), torch.randn(sum(lk), hkv, d)
@@ -75,13 +83,14 @@ def varlen_case(rng: random.Random):
 
     def run(device, dtype):
         leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
-        out = flashtile.flash_attn_varlen_func(*leaves, cq.to(device), ck.to(device), max(lq), max(lk), causal=causal)
+        out = flashtile.flash_attn_varlen_func(*leaves, cq.to(device), ck.to(device), max(lq), max(lk), causal=causal,
+                                               attention_chunk=chunk)
         if out.numel() == 0:
             return [out.detach()]
         grads = torch.autograd.grad(out, leaves, dout.to(device, dtype))
         return [out.detach(), *[g.detach() for g in grads]]
 
-    return f"varlen q{lq} k{lk} h{h}/{hkv} d{d} causal={causal}", run
+    return f"varlen q{lq} k{lk} h{h}/{hkv} d{d} causal={causal} chunk={chunk}", run
 
 
 def kvcache_case(rng: random.Random):
@@ -99,15 +108,17 @@ def kvcache_case(rng: random.Random):
         kc, vc = torch.randn(b * per, page, hkv, d), torch.randn(b * per, page, hkv, d)
         table = torch.randperm(b * per, dtype=torch.int32).view(b, per)
     q, knew, vnew = torch.randn(b, sq, h, d), torch.randn(b, sq, hkv, d), torch.randn(b, sq, hkv, d)
+    chunk = _chunk(rng)
 
     def run(device, dtype):
         kcd, vcd = kc.to(device, dtype), vc.to(device, dtype)
         out = flashtile.flash_attn_with_kvcache(
             q.to(device, dtype), kcd, vcd, k=knew.to(device, dtype), v=vnew.to(device, dtype),
-            cache_seqlens=lengths.to(device), block_table=table.to(device) if table is not None else None, causal=True)
+            cache_seqlens=lengths.to(device), block_table=table.to(device) if table is not None else None, causal=True,
+            attention_chunk=chunk)
         return [out, kcd, vcd]
 
-    return f"kvcache b{b} h{h}/{hkv} d{d} sq{sq} page={page} lengths={lengths.tolist()}", run
+    return f"kvcache b{b} h{h}/{hkv} d{d} sq{sq} page={page} lengths={lengths.tolist()} chunk={chunk}", run
 
 
 def main(argv=None) -> int:
