@@ -655,34 +655,17 @@ def check_flashtile(case: Case, inp: Inputs, out: torch.Tensor, grads, dtype: to
     window = normalize_window(case.causal, case.window)
     scale = reference.default_scale(case.headdim)
     qs, ks, vs = (x.detach()[:1, :, :h].float() for x, h in ((inp.q, hq), (inp.k, hk), (inp.v, hk)))
-    dout = inp.dout[:1, :, :hq].float() if grads is not None else None
     with torch.no_grad():
-        ref_out, dref = _reference(qs, ks, vs, dout, scale, window, case.chunk)
+        ref_out, ref_lse = reference.attention_forward(qs, ks, vs, scale, window, attention_chunk=case.chunk)
         errs = {"out": (_rel_err(out[:1, :, :hq], ref_out), tol_out)}
         if grads is not None:
-            for name, g, r, h in zip(("dq", "dk", "dv"), grads, dref, (hq, hk, hk)):
+            dout = inp.dout[:1, :, :hq].float()
+            dref = reference.attention_backward(dout, qs, ks, vs, ref_out, ref_lse, scale, window,
+                                                attention_chunk=case.chunk)
+            for name, g, r, h in zip(("dq", "dk", "dv"), grads, dref[:3], (hq, hk, hk)):
                 errs[name] = (_rel_err(g[:1, :, :h], r), tol_grad)
     bad = [f"{n} rel err {e:.1e} > {t:.0e}" for n, (e, t) in errs.items() if not e <= t]
     return "; ".join(bad) or None
-
-
-def _reference(q, k, v, dout, scale, window, chunk: int):
-    """The reference's out and (with ``dout``) (dq, dk, dv), chunk by chunk when ``chunk`` > 0:
-    the chunks partition the query rows and the keys (``chunked.chunk_lengths``), each one an
-    attention of its own with the same window."""
-    from .chunked import chunk_lengths
-
-    pieces = zip(*chunk_lengths(q.shape[1], k.shape[1], chunk)) if chunk else [(q.shape[1], k.shape[1])]
-    outs, grads, row, key = [], [], 0, 0
-    for nq, nk in pieces:
-        qc, kc, vc = q[:, row : row + nq], k[:, key : key + nk], v[:, key : key + nk]
-        o, lse = reference.attention_forward(qc, kc, vc, scale, window)
-        outs.append(o)
-        if dout is not None:
-            grads.append(reference.attention_backward(dout[:, row : row + nq], qc, kc, vc, o, lse, scale, window)[:3])
-        row, key = row + nq, key + nk
-    dref = None if dout is None else [torch.cat([g[i] for g in grads], dim=1) for i in range(3)]
-    return torch.cat(outs, dim=1), dref
 
 
 # --------------------------------------------------------------------------------------------

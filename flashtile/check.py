@@ -275,6 +275,7 @@ def check_kernel_case(case: Case, dtype: torch.dtype, seed: int, device="cuda") 
 
     On ``device="cpu"`` the "kernel" is the reference path itself (a self-test of this harness).
     """
+    from . import reference
     from .kernels import debug
 
     gen = torch.Generator().manual_seed(seed)
@@ -299,15 +300,17 @@ def check_kernel_case(case: Case, dtype: torch.dtype, seed: int, device="cuda") 
 
     # ref32: the reference on the same (low-precision) values upcast to float32.
     f32 = [None if x is None else x.float() for x in (q, k, v, sinks)]
-    o32, l32 = _reference_forward(case, *f32[:3], scale, window, f32[3])
+    o32, l32 = reference.attention_forward(*f32[:3], scale, window, f32[3], case.softcap, attention_chunk=case.chunk)
     # ref_lp: the reference fed the low-precision tensors (out rounded to dtype, lse float32).
-    olp, llp = _reference_forward(case, q, k, v, scale, window, sinks)
+    olp, llp = reference.attention_forward(q, k, v, scale, window, sinks, case.softcap, attention_chunk=case.chunk)
     # Rows with lse = -inf get no lse gradient (the loss masks them).
     dl = dlse.masked_fill(torch.isneginf(l32), 0.0)
     refs = {"out": (out, olp, o32), "lse": (lse, llp, l32)}
     if grads is not None:
-        g32 = _reference_backward(case, dout.float(), *f32[:3], o32, l32, scale, window, f32[3], dl)
-        glp = _reference_backward(case, dout, q, k, v, olp, llp, scale, window, sinks, dl)
+        g32 = reference.attention_backward(dout.float(), *f32[:3], o32, l32, scale, window, f32[3], case.softcap, dl,
+                                           attention_chunk=case.chunk)
+        glp = reference.attention_backward(dout, q, k, v, olp, llp, scale, window, sinks, case.softcap, dl,
+                                           attention_chunk=case.chunk)
         for i, name in enumerate(TENSORS[2:]):
             if g32[i] is not None:
                 refs[name] = (grads[i], glp[i], g32[i])
@@ -343,41 +346,6 @@ def check_kernel_case(case: Case, dtype: torch.dtype, seed: int, device="cuda") 
     if any(err > bound for err, bound in res.errors.values()):
         res.status = "FAIL"
     return res
-
-
-def _chunk_slices(case: Case, sq: int, sk: int) -> list[tuple[slice, slice]]:
-    """(query rows, keys) of each chunk sequence (``chunked.chunk_lengths``), or the whole call."""
-    if not case.chunk:
-        return [(slice(0, sq), slice(0, sk))]
-    from .chunked import chunk_lengths
-
-    slices, row, key = [], 0, 0
-    for nq, nk in zip(*chunk_lengths(sq, sk, case.chunk)):
-        slices.append((slice(row, row + nq), slice(key, key + nk)))
-        row, key = row + nq, key + nk
-    return slices
-
-
-def _reference_forward(case: Case, q, k, v, scale, window, sinks):
-    """``reference.attention_forward``, chunk by chunk for a chunked case (out and lse joined)."""
-    from . import reference
-
-    parts = [reference.attention_forward(q[:, r], k[:, c], v[:, c], scale, window, sinks, case.softcap)
-             for r, c in _chunk_slices(case, q.shape[1], k.shape[1])]
-    return torch.cat([o for o, _ in parts], dim=1), torch.cat([l for _, l in parts], dim=2)
-
-
-def _reference_backward(case: Case, dout, q, k, v, out, lse, scale, window, sinks, dlse):
-    """``reference.attention_backward``, chunk by chunk for a chunked case: dq and dk / dv
-    joined over the chunks' rows and keys, dsinks summed."""
-    from . import reference
-
-    parts = [reference.attention_backward(dout[:, r], q[:, r], k[:, c], v[:, c], out[:, r], lse[:, :, r], scale,
-                                          window, sinks, case.softcap, dlse[:, :, r])
-             for r, c in _chunk_slices(case, q.shape[1], k.shape[1])]
-    dq, dk, dv = (torch.cat([p[i] for p in parts], dim=1) for i in range(3))
-    dsinks = None if parts[0][3] is None else sum(p[3] for p in parts)
-    return dq, dk, dv, dsinks
 
 
 # --------------------------------------------------------------------------------------------

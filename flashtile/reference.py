@@ -11,7 +11,8 @@ an independent full-matrix float64 computation and ``torch.autograd.gradcheck``.
 
 Semantics (``design.md``), with query row ``i``, key column ``j`` and ``off = seqlen_k - seqlen_q``:
 key ``j`` is visible to row ``i`` when ``j <= i + off + right`` (right >= 0) and
-``j >= i + off - left`` (left >= 0); ``-1`` leaves that side unbounded.
+``j >= i + off - left`` (left >= 0); ``-1`` leaves that side unbounded.  With
+``attention_chunk`` C > 0 also ``(i + off) // C == j // C`` (``flashtile/chunked.py``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ def accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def visible_mask(rows: torch.Tensor, seqlen_k: int, seqlen_q: int, window: tuple[int, int]) -> torch.Tensor | None:
+def visible_mask(rows: torch.Tensor, seqlen_k: int, seqlen_q: int, window: tuple[int, int],
+                 attention_chunk: int = 0) -> torch.Tensor | None:
     """Boolean ``(len(rows), seqlen_k)`` mask of visible keys, or None when every key is visible.
 
-    ``rows`` are absolute query indices.  Causal is expressed as ``window = (left, 0)``.
+    ``rows`` are absolute query indices.  Causal is expressed as ``window = (left, 0)``;
+    ``attention_chunk`` > 0 keeps each row to its own chunk of keys.
     """
     left, right = window
-    if left < 0 and right < 0:
+    if left < 0 and right < 0 and not attention_chunk:
         return None
     off = seqlen_k - seqlen_q
     cols = torch.arange(seqlen_k, device=rows.device)
@@ -45,6 +48,9 @@ def visible_mask(rows: torch.Tensor, seqlen_k: int, seqlen_q: int, window: tuple
         vis &= cols[None, :] <= diag + right
     if left >= 0:
         vis &= cols[None, :] >= diag - left
+    if attention_chunk:
+        vis &= torch.div(cols[None, :], attention_chunk, rounding_mode="floor") == \
+            torch.div(diag, attention_chunk, rounding_mode="floor")
     return vis
 
 
@@ -54,7 +60,7 @@ def _group(q: torch.Tensor, nheads_kv: int) -> torch.Tensor:
     return q.reshape(b, s, nheads_kv, h // nheads_kv, d)
 
 
-def _chunk_scores(qc, k, scale, softcap, rows, seqlen_q, window):
+def _chunk_scores(qc, k, scale, softcap, rows, seqlen_q, window, attention_chunk=0):
     """Scores of one query chunk, shape (b, h_kv, g, cq, sk), masked entries -inf.
 
     Returns ``(scores, capped_tanh)`` where ``capped_tanh`` is tanh(raw / softcap) (needed for
@@ -65,7 +71,7 @@ def _chunk_scores(qc, k, scale, softcap, rows, seqlen_q, window):
     if softcap > 0:
         t = torch.tanh(s / softcap)
         s = softcap * t
-    vis = visible_mask(rows, k.shape[1], seqlen_q, window)
+    vis = visible_mask(rows, k.shape[1], seqlen_q, window, attention_chunk)
     if vis is not None:
         s = s.masked_fill(~vis, float("-inf"))
     return s, t
@@ -81,6 +87,7 @@ def attention_forward(
     softcap: float = 0.0,
     chunk: int = DEFAULT_CHUNK,
     round_p=None,
+    attention_chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference forward.
 
@@ -91,6 +98,7 @@ def attention_forward(
         round_p: None, or a function applied to the weights ``exp(s - row max)`` (in (0, 1])
             before they multiply V (the normaliser stays unrounded): the FP8 accuracy baseline
             rounds them as the FP8 kernel rounds P (``tests/test_gpu_fp8.py``).
+        attention_chunk: > 0: chunked local attention (the module docstring), in the mask.
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype and
         lse (batch, nheads, seqlen_q) float32 (float64 for float64 input), natural log.
@@ -104,7 +112,7 @@ def attention_forward(
     for start in range(0, sq, chunk):
         rows = torch.arange(start, min(start + chunk, sq), device=q.device)
         qc = _group(q[:, start : start + chunk].to(acc), hkv)
-        s, _ = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window)
+        s, _ = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window, attention_chunk)
         m = s.amax(dim=-1) if s.shape[-1] else s.new_full(s.shape[:-1], float("-inf"))
         if sink is not None:
             m = torch.maximum(m, sink)
@@ -136,6 +144,7 @@ def attention_backward(
     softcap: float = 0.0,
     dlse: torch.Tensor | None = None,
     chunk: int = DEFAULT_CHUNK,
+    attention_chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Reference backward from the saved ``out`` and ``lse``.
 
@@ -159,7 +168,7 @@ def attention_backward(
         rows = torch.arange(start, stop, device=q.device)
         qc = _group(q[:, start:stop].to(acc), hkv)
         doc = _group(dout[:, start:stop].to(acc), hkv)
-        s, t = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window)
+        s, t = _chunk_scores(qc, kf, softmax_scale, softcap, rows, sq, window, attention_chunk)
         lse_c = lse[:, :, start:stop].reshape(b, hkv, h // hkv, stop - start)[..., None]
         finite = torch.isfinite(lse_c)
         p = torch.where(finite, torch.exp(s - torch.where(finite, lse_c, torch.zeros_like(lse_c))), torch.zeros_like(s))
