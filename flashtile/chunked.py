@@ -37,18 +37,26 @@ import torch
 from torch import Tensor
 
 
+def _chunk_slots(used_q: Tensor, used_k: Tensor, chunk: int, slots: int) -> tuple[Tensor, Tensor]:
+    """(query counts, key counts), each (sequences, slots) int64: sequence b's chunks in token
+    order, from its first query row's chunk (negative ones hold no key) or key 0's on; slots
+    past its last key's chunk are empty.  The one formula of the decomposition (host and
+    device)."""
+    off = (used_k - used_q).long()[:, None]  # key position of each sequence's query row 0
+    first = torch.minimum(torch.div(off, chunk, rounding_mode="floor"), torch.zeros_like(off))
+    lo = (first + torch.arange(slots, device=off.device)[None, :]) * chunk
+    hi = torch.minimum(lo + chunk, used_k.long()[:, None])
+    return (hi - torch.maximum(lo, off)).clamp(min=0), (hi - lo.clamp(min=0)).clamp(min=0)
+
+
 def chunk_lengths(seqlen_q: int, seqlen_k: int, chunk: int) -> tuple[list[int], list[int]]:
     """Query and key counts of each chunk of one batch entry, in token order (they sum to
     ``seqlen_q`` and ``seqlen_k``).  ``seqlen_q >= 1``, ``chunk >= 1``."""
-    off = seqlen_k - seqlen_q  # key position of query row 0
-    first = min(off // chunk, 0)  # chunks from the first query row's (negative: no keys) or key 0's
-    last = max((seqlen_k - 1) // chunk, first)
-    lens_q, lens_k = [], []
-    for c in range(first, last + 1):
-        lo, hi = c * chunk, min((c + 1) * chunk, seqlen_k)
-        lens_q.append(max(0, hi - max(lo, off)))
-        lens_k.append(max(0, hi - max(lo, 0)))
-    return lens_q, lens_k
+    off = seqlen_k - seqlen_q
+    first = min(off // chunk, 0)
+    count = max((seqlen_k - 1) // chunk, first) - first + 1
+    lens_q, lens_k = _chunk_slots(torch.tensor([seqlen_q]), torch.tensor([seqlen_k]), chunk, count)
+    return lens_q[0].tolist(), lens_k[0].tolist()
 
 
 def within_one_chunk(seqlen_q: int, seqlen_k: int, chunk: int) -> bool:
@@ -117,13 +125,7 @@ def varlen_sequences(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_q, sequ
     used_q = lens_q_seg if seqused_q is None else seqused_q
     used_k = lens_k_seg if seqused_k is None else seqused_k
     slots = -(-max_seqlen_q // chunk) + -(-max_seqlen_k // chunk) + 1
-    off = (used_k - used_q).long()[:, None]  # key position of each sequence's query row 0
-    first = torch.minimum(torch.div(off, chunk, rounding_mode="floor"), torch.zeros_like(off))
-    c = first + torch.arange(slots, device=off.device)[None, :]  # (batch, slots) chunk indices
-    lo = c * chunk
-    hi = torch.minimum(lo + chunk, used_k.long()[:, None])
-    len_q = (hi - torch.maximum(lo, off)).clamp(min=0)  # slots past the last key: hi <= lo, empty
-    len_k = (hi - lo.clamp(min=0)).clamp(min=0)
+    len_q, len_k = _chunk_slots(used_q, used_k, chunk, slots)
     tails = seqused_q is not None or seqused_k is not None
     if tails:  # the unused tail of each segment: a sequence that uses none of its tokens
         len_q = torch.cat([len_q, (lens_q_seg - used_q).long()[:, None]], dim=1)
