@@ -57,7 +57,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import interface, kvcache, varlen
+from . import fp8, interface, kvcache, varlen
 from .fp8 import DTYPE as FP8
 from .validation import check_flag, describe, fail, is_int
 
@@ -95,9 +95,7 @@ def flash_attn_func(
     docstring and ``flashtile.flash_attn_func``.
     """
     fn = interface.FN
-    _reject_fa3_only(fn, qv=qv)
-    _check_hints(fn, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin)
-    check_flag(fn, "return_attn_probs", return_attn_probs)
+    _check_fa3_options(fn, qv, num_splits, pack_gqa, sm_margin, return_attn_probs)
     descales = _fp8_descales(q, k, q_descale, k_descale, v_descale, q.shape[0] if _is_tensor(q) else 0)
     return interface.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                      softcap=softcap, deterministic=deterministic, sinks=sinks,
@@ -140,9 +138,7 @@ def flash_attn_varlen_func(
     ``flashtile.flash_attn_varlen_func``.
     """
     fn = varlen.FN
-    _reject_fa3_only(fn, qv=qv)
-    _check_hints(fn, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin)
-    check_flag(fn, "return_attn_probs", return_attn_probs)
+    _check_fa3_options(fn, qv, num_splits, pack_gqa, sm_margin, return_attn_probs)
     batch = cu_seqlens_q.shape[0] - 1 if _is_tensor(cu_seqlens_q) and cu_seqlens_q.dim() == 1 else 0
     descales = _fp8_descales(q, k, q_descale, k_descale, v_descale, batch)
     return varlen.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -264,6 +260,13 @@ def _is_tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
+def _check_fa3_options(fn: str, qv, num_splits, pack_gqa, sm_margin, return_attn_probs) -> None:
+    """The options the dense and packed calls share: ``qv`` refused, hints and the flag checked."""
+    _reject_fa3_only(fn, qv=qv)
+    _check_hints(fn, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin)
+    check_flag(fn, "return_attn_probs", return_attn_probs)
+
+
 def _reject_fa3_only(fn: str, **options) -> None:
     """flash-attn 3 options flashtile does not implement: anything but None raises
     NotImplementedError naming the option."""
@@ -295,13 +298,14 @@ def _fp8_descales(q, k, q_descale, k_descale, v_descale, batch: int) -> dict:
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if not (_is_tensor(q) and q.dtype == FP8 and _is_tensor(k) and k.dim() >= 2):
         return descales
-    ones = None
-    for name, value in descales.items():
-        if value is None:
-            if ones is None:
-                ones = torch.ones(batch, k.shape[-2], dtype=torch.float32, device=q.device)
-            descales[name] = ones
-    return descales
+    return _ones_for_none(descales, batch, k.shape[-2], q.device)
+
+
+def _ones_for_none(descales: dict, batch: int, nheads_kv: int, device) -> dict:
+    """``descales`` with every None replaced by ones (batch, nheads_kv) float32: flash-attn 3's
+    descale of 1.0."""
+    ones = torch.ones(batch, nheads_kv, dtype=torch.float32, device=device)
+    return {name: ones if value is None else value for name, value in descales.items()}
 
 
 def _fp8_cache_inputs(fn, q, k, v, q_descale, k_descale, v_descale, k_cache):
@@ -310,13 +314,12 @@ def _fp8_cache_inputs(fn, q, k, v, q_descale, k_descale, v_descale, k_cache):
     dequantized by the cache's descales (re-quantized on append to their own bytes), None
     descales as ones (batch, nheads_kv)."""
     b, hkv = q.shape[0], k_cache.shape[-2]
-    ones = torch.ones(b, hkv, dtype=torch.float32, device=q.device)
-    k_descale = ones if k_descale is None else k_descale
-    v_descale = ones if v_descale is None else v_descale
-    if q.dtype == FP8:
-        q = _dequantize_heads(fn, "q", q, ones if q_descale is None else q_descale, b, hkv)
-    elif q_descale is not None:
+    if q.dtype != FP8 and q_descale is not None:
         fail(fn, ValueError, "q_descale", "None unless q is float8_e4m3fn", describe(q_descale))
+    d = _ones_for_none({"q": q_descale, "k": k_descale, "v": v_descale}, b, hkv, q.device)
+    q_descale, k_descale, v_descale = d["q"], d["k"], d["v"]
+    if q.dtype == FP8:
+        q = _dequantize_heads(fn, "q", q, q_descale, b, hkv)
     if _is_tensor(k) and k.dtype == FP8:
         k = _dequantize_heads(fn, "k", k, k_descale, b, hkv)
     if _is_tensor(v) and v.dtype == FP8:
@@ -332,6 +335,4 @@ def _dequantize_heads(fn, name, x, descale, b: int, hkv: int) -> Tensor:
              f"shape {tuple(x.shape)}")
     if not _is_tensor(descale) or descale.dtype != torch.float32 or tuple(descale.shape) != (b, hkv):
         fail(fn, ValueError, f"{name}_descale", f"float32 (batch, nheads_kv) = ({b}, {hkv})", describe(descale))
-    group = x.shape[2] // hkv
-    scale = descale.to(x.device).repeat_interleave(group, dim=1)[:, None, :, None]
-    return (x.float() * scale).to(torch.bfloat16)
+    return fp8.dequantize(x, descale).to(torch.bfloat16)
