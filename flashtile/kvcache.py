@@ -121,11 +121,9 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
             _fail(ValueError, "block_table.device", f"q's device {dev}", block_table.device)
         if cache_batch_idx is not None:
             _fail(ValueError, "cache_batch_idx", "None with a paged cache (block_table picks the pages)", describe(cache_batch_idx))
-        capacity = block_table.shape[1] * page
-    else:
-        capacity = page
-        if cache_batch_idx is None and nblocks != b:
-            _fail(ValueError, "k_cache.shape[0] (batch_cache)", f"q's batch {b} when cache_batch_idx is None", nblocks)
+    elif cache_batch_idx is None and nblocks != b:
+        _fail(ValueError, "k_cache.shape[0] (batch_cache)", f"q's batch {b} when cache_batch_idx is None", nblocks)
+    capacity = cache_capacity(k_cache, block_table)
     if fp8 or k_descale is not None or v_descale is not None:  # nothing to check (or format) otherwise
         check_descales(FN, (("k_descale", k_descale), ("v_descale", v_descale)), fp8, b, hkv, dev, "a float8_e4m3fn cache",
                        f"a {k_cache.dtype} cache (descales go with a float8_e4m3fn cache)")
@@ -191,6 +189,11 @@ def validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         _fail(ValueError, "num_splits", ">= 0 (0 = heuristic)", num_splits)
     _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, causal or tuple(window_size) != (-1, -1), snew, capacity, sq)
     _check_indices(k_cache, cache_seqlens, cache_batch_idx, block_table, snew)
+
+
+def cache_capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
+    """Keys a sequence's cache holds: seqlen_cache, or max_blocks_per_seq * page_size paged."""
+    return k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
 
 
 def _check_lengths(q, cache_seqlens, cache_leftpad, rotary_cos, per_token, snew, capacity, sq):
@@ -493,7 +496,7 @@ def flash_attn_with_kvcache(
         raise NotImplementedError(f"{FN}: attention_chunk with more than one query token needs causal=True "
                                   f"(got seqlen_q={q.shape[1]}, causal={causal})")
     if cache_seqlens is None:  # the whole cache (validate refused it with new tokens)
-        cache_seqlens = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+        cache_seqlens = cache_capacity(k_cache, block_table)
     if not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
     if softmax_scale is None:
