@@ -242,15 +242,19 @@ def test_padded_encoder_matches_sdpa():
     _check_against_sdpa(ref, ours, mask.bool(), input_ids=ids, attention_mask=mask)
 
 
-def test_padded_generation_matches_sdpa(llama):
-    """Left-padded batched generation: prefill and decode steps run unpadded."""
-    ref, ours = _sdpa_pair(_llama)
+def _check_left_padded_generation(ref, ours, max_new_tokens: int):
+    """Greedy generation of a batch whose first row has 4 pads: the same tokens as ``ref``."""
     ref.eval(), ours.eval()
     ids = _ids(batch=2, seq=9)
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
-    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    kwargs = dict(attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
     torch.testing.assert_close(ours.generate(ids, **kwargs), ref.generate(ids, **kwargs), atol=0, rtol=0)
+
+
+def test_padded_generation_matches_sdpa(llama):
+    """Left-padded batched generation: prefill and decode steps run unpadded."""
+    _check_left_padded_generation(*_sdpa_pair(_llama), max_new_tokens=6)
 
 
 def test_llama4_chunked_padded_generation_and_continued_prefill_match_eager():
@@ -259,12 +263,7 @@ def test_llama4_chunked_padded_generation_and_continued_prefill_match_eager():
     tokens, and a prompt fed in two parts (the second part's queries straddle chunks, the
     cache holding only the last 7 keys) gives eager's logits."""
     ref, ours = _pair(_llama4_chunked, AutoModelForCausalLM)
-    ref.eval(), ours.eval()
-    ids = _ids(batch=2, seq=9)
-    mask = torch.ones_like(ids)
-    mask[0, :4] = 0
-    kwargs = dict(attention_mask=mask, max_new_tokens=14, do_sample=False, pad_token_id=0)
-    torch.testing.assert_close(ours.generate(ids, **kwargs), ref.generate(ids, **kwargs), atol=0, rtol=0)
+    _check_left_padded_generation(ref, ours, max_new_tokens=14)
     ids = _ids(batch=2, seq=30)
     with torch.no_grad():
         for split in (5, 13):

@@ -325,11 +325,10 @@ def attention_mask(
                     f"without padding (padding-free packing with cu_seq_lens_* kwargs), or {_HINT}"
                 ),
             )
-        elif not bool(attention_mask.all()):
-            if chunk is None:
+        elif chunk is None:
+            if not bool(attention_mask.all()):
                 return attention_mask  # padding: attention_forward runs the batch unpadded (varlen)
-            return MaskInfo(chunk, int(kv_offset), documents, _hide_before_chunk(full, attention_mask, q_offset, kv_offset, chunk))
-        elif chunk is not None and not bool(full.all()):  # the keys kept are real, but rows' chunks start apart
+        elif not bool(full.all()):  # padding anywhere (even in dropped keys): rows' chunks start apart
             return MaskInfo(chunk, int(kv_offset), documents, _hide_before_chunk(full, attention_mask, q_offset, kv_offset, chunk))
     if chunk is None and documents is None:
         return None
