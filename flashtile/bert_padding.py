@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["index_first_axis", "index_put_first_axis", "unpad_input", "unpad_input_for_concatenated_sequences",
-           "pad_input"]
+           "pad_input", "cu_seqlens_of"]
 
 
 def index_first_axis(x: Tensor, indices: Tensor) -> Tensor:
@@ -35,9 +35,10 @@ def index_put_first_axis(values: Tensor, indices: Tensor, first_axis_dim: int) -
     return out.index_copy(0, indices, values)
 
 
-def _offsets(lengths: Tensor) -> Tensor:
-    """(n,) lengths -> int32 (n + 1,) running sums from 0."""
-    return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+def cu_seqlens_of(lengths: Tensor) -> Tensor:
+    """Lengths (any shape, flattened in order) -> int32 (n + 1,) running sums from 0: the
+    ``cu_seqlens`` of sequences of those lengths."""
+    return torch.nn.functional.pad(lengths.flatten().cumsum(0, dtype=torch.int32), (1, 0))
 
 
 def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Optional[Tensor] = None):
@@ -54,7 +55,7 @@ def unpad_input(hidden_states: Tensor, attention_mask: Tensor, unused_mask: Opti
     indices = torch.nonzero(kept.flatten(), as_tuple=False).flatten()
     max_seqlen = int(seqlens.max()) if seqlens.numel() else 0
     tokens = index_first_axis(hidden_states.reshape(-1, *hidden_states.shape[2:]), indices)
-    return tokens, indices, _offsets(seqlens), max_seqlen, seqused
+    return tokens, indices, cu_seqlens_of(seqlens), max_seqlen, seqused
 
 
 def unpad_input_for_concatenated_sequences(hidden_states: Tensor, attention_mask_in_length: Tensor):
@@ -70,7 +71,7 @@ def unpad_input_for_concatenated_sequences(hidden_states: Tensor, attention_mask
     indices = torch.nonzero(real.flatten(), as_tuple=False).flatten()
     max_seqlen = int(seqlens.max()) if seqlens.numel() else 0
     tokens = index_first_axis(hidden_states.reshape(-1, *hidden_states.shape[2:]), indices)
-    return tokens, indices, _offsets(seqlens), max_seqlen
+    return tokens, indices, cu_seqlens_of(seqlens), max_seqlen
 
 
 def pad_input(hidden_states: Tensor, indices: Tensor, batch: int, seqlen: int) -> Tensor:

@@ -36,6 +36,8 @@ import functools
 import torch
 from torch import Tensor
 
+from .bert_padding import cu_seqlens_of
+
 
 def _chunk_slots(used_q: Tensor, used_k: Tensor, chunk: int, slots: int) -> tuple[Tensor, Tensor]:
     """(query counts, key counts), each (sequences, slots) int64: sequence b's chunks in token
@@ -131,15 +133,12 @@ def varlen_sequences(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_q, sequ
         len_q = torch.cat([len_q, (lens_q_seg - used_q).long()[:, None]], dim=1)
         len_k = torch.cat([len_k, (lens_k_seg - used_k).long()[:, None]], dim=1)
 
-    def offsets(lengths):
-        return torch.nn.functional.pad(lengths.flatten().cumsum(0), (1, 0)).to(torch.int32)
-
     su_q = su_k = None
     if tails:
         keep = torch.ones_like(len_q)
         keep[:, -1] = 0
         su_q, su_k = (len_q * keep).flatten().to(torch.int32), (len_k * keep).flatten().to(torch.int32)
-    return (offsets(len_q), offsets(len_k), su_q, su_k, min(chunk, max_seqlen_q), min(chunk, max_seqlen_k),
+    return (cu_seqlens_of(len_q), cu_seqlens_of(len_k), su_q, su_k, min(chunk, max_seqlen_q), min(chunk, max_seqlen_k),
             slots + tails)
 
 

@@ -90,15 +90,13 @@ def _key_padding(name: str, attn_mask, batch: int, nheads: int, seqlen_q: int, s
 def _attend_kept_keys(q, k, v, keep: torch.Tensor, scale, sinks, softcap) -> torch.Tensor:
     """(batch, seqlen_q, nheads, headdim_v): every query row of entry b over the keys ``keep[b]``
     marks, as packed sequences (all rows of an entry, its kept keys) in ``flash_attn_varlen_func``."""
+    from .bert_padding import index_first_axis, unpad_input
     from .varlen import flash_attn_varlen_func
 
     b, sq = q.shape[:2]
-    counts = keep.sum(dim=-1, dtype=torch.int32)
-    idx = keep.flatten().nonzero().flatten()
-    cu_k = torch.nn.functional.pad(counts.cumsum(0, dtype=torch.int32), (1, 0))
+    kk, idx, cu_k, max_k, _ = unpad_input(k, keep)
+    vv = index_first_axis(v.reshape(-1, *v.shape[2:]), idx)
     cu_q = torch.arange(b + 1, device=q.device, dtype=torch.int32) * sq
-    max_k = int(counts.max()) if counts.numel() else 0
-    kk, vv = (x.reshape(-1, *x.shape[2:]).index_select(0, idx) for x in (k, v))
     out = flash_attn_varlen_func(q.reshape(-1, *q.shape[2:]), kk, vv, cu_q, cu_k, sq, max_k, softmax_scale=scale,
                                  sinks=sinks, softcap=softcap)
     return out.reshape(b, sq, *out.shape[1:])

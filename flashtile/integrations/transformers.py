@@ -87,6 +87,7 @@ import torch
 import transformers
 from transformers import masking_utils
 
+from ..bert_padding import cu_seqlens_of
 from ..interface import flash_attn_func
 from ..kvcache import flash_attn_with_kvcache
 from ..varlen import flash_attn_varlen_func
@@ -382,11 +383,6 @@ _VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_
 _OLD_VARLEN_KWARGS = ("cu_seqlens", "max_seqlen")
 
 
-def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
-    """(n,) lengths -> int32 (n + 1,) offsets starting at 0."""
-    return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-
-
 def _tokens(x: torch.Tensor) -> torch.Tensor:
     """(batch, seq, heads, dim) -> (batch * seq, heads, dim)."""
     return x.reshape(-1, *x.shape[2:])
@@ -417,7 +413,7 @@ def _attention_unpadded(q, k, v, mask: torch.Tensor, sliding: bool, opts: dict) 
     idx_k = mask.flatten().nonzero().flatten()
     len_q, len_k = mask_q.sum(-1, dtype=torch.int32), mask.sum(-1, dtype=torch.int32)
     out = flash_attn_varlen_func(
-        _tokens(q)[idx_q], _tokens(k)[idx_k], _tokens(v)[idx_k], _cu_seqlens(len_q), _cu_seqlens(len_k),
+        _tokens(q)[idx_q], _tokens(k)[idx_k], _tokens(v)[idx_k], cu_seqlens_of(len_q), cu_seqlens_of(len_k),
         int(len_q.max()), int(len_k.max()), **opts,
     )
     full = out.new_zeros(b * sq, *out.shape[1:]).index_copy(0, idx_q, out)
